@@ -1,0 +1,14 @@
+"""The `fleet` command: one click group; each submodule registers the commands of one noun."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fleet.cli import add, change, config_cmd, listing  # noqa: F401  (they register commands)
+from fleet.cli.app import cli, run
+
+__all__ = ["cli", "main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(cli, "fleet", argv)

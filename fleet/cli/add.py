@@ -1,0 +1,204 @@
+"""`fleet add`: put one task, or a whole batch of JSON lines, on the queue, all or nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from fleet.cli.app import TASK, App, cli, pass_app
+from fleet.errors import InputError
+from fleet.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, TaskSpec
+from fleet.output import emit_object, emit_objects, fmt_of, output_options
+
+BATCH_KEYS = (
+    "title",
+    "description",
+    "cwd",
+    "coder",
+    "model",
+    "priority",
+    "labels",
+    "after",
+    "parent",
+    "ref",
+)
+
+
+@cli.command()
+@click.argument("title", required=False)
+@click.option(
+    "-d",
+    "--description",
+    metavar="TEXT|@FILE|-",
+    help="Instructions for the agent: text, @FILE to read a file, - for standard input.",
+)
+@click.option("--cwd", metavar="DIR", help="Project directory the agent works in [default: .].")
+@click.option("--coder", metavar="NAME", help="Coder to run instead of default_coder.")
+@click.option("--model", metavar="NAME", help="Model to use instead of default_model.")
+@click.option(
+    "-p",
+    "--priority",
+    type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY),
+    default=DEFAULT_PRIORITY,
+    show_default=True,
+    help="0 is claimed first, 4 last.",
+)
+@click.option("--after", "after", type=TASK, multiple=True, help="Run only once this task is done.")
+@click.option("--label", "labels", multiple=True, metavar="LABEL", help="Attach a label.")
+@click.option("--parent", type=TASK, help="Record this task as a subtask of another.")
+@click.option(
+    "--batch",
+    metavar="FILE|-",
+    help="Add many tasks from a file of JSON lines (keys as the options; `ref` names a task"
+    " for `after` within the batch).",
+)
+@output_options
+@pass_app
+def add(
+    app: App,
+    title: str | None,
+    description: str | None,
+    cwd: str | None,
+    coder: str | None,
+    model: str | None,
+    priority: int,
+    after: tuple[str, ...],
+    labels: tuple[str, ...],
+    parent: str | None,
+    batch: str | None,
+    fmt: str | None,
+) -> None:
+    """Add a task to the queue and print its id.
+
+    The task becomes ready at once and runs as soon as a slot is free and every task given
+    with --after is done.
+    """
+    from fleet import inputs
+    from fleet.store.base import BadSpec
+
+    lines: list[int] = []
+    if batch is not None:
+        if title is not None:
+            raise InputError("give either a TITLE or --batch, not both")
+        source = "standard input" if batch == "-" else batch
+        specs, lines = read_batch(app, batch, inputs.cwd(cwd) if cwd else None)
+    else:
+        if title is None:
+            raise InputError("missing TITLE", hint='fleet add "what to do" --cwd DIR')
+        specs = [
+            TaskSpec(
+                title=inputs.title(title),
+                description=inputs.description(description),
+                cwd=inputs.cwd(cwd),
+                coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
+                model=inputs.name("model", model) if model else None,
+                priority=priority,
+                labels=tuple(dict.fromkeys(inputs.label(x) for x in labels)),
+                after=tuple(dict.fromkeys(after)),
+                parent=parent,
+            )
+        ]
+    try:
+        tasks = app.store.add(specs)
+    except BadSpec as e:
+        if not lines:
+            raise
+        raise InputError(f"{source} line {lines[e.index]}: {e.message}", e.hint) from None
+    out = fmt_of(fmt)
+    if out == "table":
+        sys.stdout.write("".join(t.id + "\n" for t in tasks))
+    elif batch is None and out == "json":
+        emit_object(tasks[0].to_json())
+    else:
+        emit_objects((t.to_json() for t in tasks), out)
+
+
+def read_batch(app: App, source: str, default_cwd: str | None) -> tuple[list[TaskSpec], list[int]]:
+    """Parse JSON lines into specs and their line numbers; any bad line rejects the batch."""
+    from fleet import inputs
+
+    name = "standard input" if source == "-" else source
+    if source == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            with open(source, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise InputError(f"cannot read batch file {source}: {e.strerror}") from None
+    objs: list[tuple[int, dict[str, Any]]] = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(inputs.decode("the line", raw))
+        except json.JSONDecodeError as e:
+            raise InputError(f"{name} line {number}: not valid JSON: {e.msg}") from None
+        except InputError as e:
+            raise InputError(f"{name} line {number}: {e.message}") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{name} line {number}: each line must be a JSON object")
+        objs.append((number, obj))
+    if not objs:
+        raise InputError(f"{name} holds no tasks", hint="give one JSON object per line")
+    refs = {o["ref"] for _, o in objs if isinstance(o.get("ref"), str)}
+    specs: list[TaskSpec] = []
+    for number, obj in objs:
+        try:
+            specs.append(_spec(app, obj, refs, default_cwd))
+        except InputError as e:
+            raise InputError(f"{name} line {number}: {e.message}", e.hint) from None
+    return specs, [number for number, _ in objs]
+
+
+def _spec(app: App, obj: dict[str, Any], refs: set[str], default_cwd: str | None) -> TaskSpec:
+    from fleet import inputs
+
+    unknown = sorted(set(obj) - set(BATCH_KEYS))
+    if unknown:
+        raise InputError(f"unknown key {unknown[0]!r}", hint="keys: " + ", ".join(BATCH_KEYS))
+
+    def text(key: str) -> str | None:
+        value = obj.get(key)
+        if value is not None and not isinstance(value, str):
+            raise InputError(f"{key} must be a string")
+        return value
+
+    def texts(key: str) -> list[str]:
+        value = obj.get(key, [])
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InputError(f"{key} must be a string or a list of strings")
+        return value
+
+    def task_ref(value: str) -> str:
+        return f"ref:{value}" if value in refs else app.store.resolve(value)
+
+    priority = obj.get("priority", DEFAULT_PRIORITY)
+    if (
+        not isinstance(priority, int)
+        or isinstance(priority, bool)
+        or not MIN_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise InputError(f"priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY}")
+    title = text("title")
+    if title is None:
+        raise InputError("title is missing")
+    coder, model, ref, parent = text("coder"), text("model"), text("ref"), text("parent")
+    cwd = text("cwd")
+    return TaskSpec(
+        title=inputs.title(title),
+        description=inputs.free_text("description", text("description") or ""),
+        cwd=inputs.cwd(cwd) if cwd is not None else default_cwd or inputs.cwd(None),
+        coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
+        model=inputs.name("model", model) if model else None,
+        priority=priority,
+        labels=tuple(dict.fromkeys(inputs.label(x) for x in texts("labels"))),
+        after=tuple(dict.fromkeys(task_ref(x) for x in texts("after"))),
+        parent=task_ref(parent) if parent else None,
+        ref=inputs.name("ref", ref) if ref else None,
+    )

@@ -1,0 +1,174 @@
+"""The `fleet` command group, its shared context, and the one place errors become exit codes.
+
+Commands stay small: they get paths, the store and the configuration from `App` (opened lazily,
+so `fleet --help` touches neither), and raise FleetError; `run()` prints `fleet: error: …` with
+a hint and returns the error's exit code. Tracebacks only appear with FLEET_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from fleet import __version__
+from fleet.errors import FleetError, InputError
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
+
+    from fleet.config import Config
+    from fleet.paths import Paths, Scope
+    from fleet.store import Store
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class App:
+    scope: Scope | None = None
+    overrides: tuple[str, ...] = ()
+    _paths: Paths | None = None
+    _store: Store | None = None
+    _config: Config | None = None
+    _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def paths(self) -> Paths:
+        if self._paths is None:
+            from fleet.paths import resolve
+
+            self._paths = resolve(self.scope)
+        return self._paths
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            from fleet.store import open_store
+
+            self._store = open_store(self.paths)
+        return self._store
+
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            from fleet.config import load
+
+            self._config = load(self.paths, self.overrides)
+        return self._config
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+pass_app = click.make_pass_decorator(App)
+
+
+class TaskRef(click.ParamType[str]):
+    """A task id or unambiguous prefix, resolved to the full id through the store."""
+
+    name = "ID"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if ctx is None:
+            raise InputError("a task id needs the fleet context")
+        app = ctx.find_object(App)
+        assert app is not None
+        return app.store.resolve(str(value))
+
+    def shell_complete(
+        self, ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem
+
+        from fleet import ids
+        from fleet.paths import resolve
+        from fleet.store import open_store
+
+        try:
+            prefix = ids.check_ref(incomplete) if incomplete else ids.PREFIX
+            store = open_store(resolve())
+            try:
+                found = store.ids_with_prefix(prefix, 50)
+            finally:
+                store.close()
+        except FleetError:
+            return []
+        return [CompletionItem(task_id, help=title) for task_id, title in found]
+
+
+TASK = TaskRef()
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(__version__, "--version", prog_name="fleet", message="%(prog)s %(version)s")
+@click.option(
+    "--system",
+    is_flag=True,
+    help="Use the system-wide queue (/var/lib/fleet, /etc/fleet) instead of your own.",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a configuration key for this command (repeatable).",
+)
+@click.pass_context
+def cli(ctx: click.Context, system: bool, overrides: tuple[str, ...]) -> None:
+    """Run many coding agents in parallel from one task queue, supervised by systemd.
+
+    Add tasks with `fleet add`, watch them with `fleet ls`, and change them with edit, close,
+    block, retry and cancel. FLEET_HOME points fleet at another queue.
+    """
+    app = App(scope="system" if system else None, overrides=overrides)
+    ctx.obj = app
+    ctx.call_on_close(app.close)
+
+
+def _print_error(prog: str, message: str, hint: str | None) -> None:
+    err = sys.stderr
+    err.write(f"{prog}: error: {message}\n")
+    if hint:
+        err.write(f"{prog}: hint: {hint}\n")
+
+
+def run(command: click.Command, prog: str, argv: Sequence[str] | None = None) -> int:
+    """Run a click command as a program: the exit code for every way it can end."""
+    debug = os.environ.get("FLEET_DEBUG", "") not in ("", "0")
+    try:
+        rv = command.main(args=argv, prog_name=prog, standalone_mode=False)
+    except FleetError as e:
+        if debug:
+            raise
+        _print_error(prog, e.message, e.hint)
+        return e.exit_code
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help(), err=True)
+        return 2
+    except click.UsageError as e:
+        if debug:
+            raise
+        where = e.ctx.command_path if e.ctx else prog
+        _print_error(prog, e.format_message(), f"see '{where} --help'")
+        return e.exit_code
+    except click.ClickException as e:
+        _print_error(prog, e.format_message(), None)
+        return e.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        sys.stderr.write(f"{prog}: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`fleet ls | head`); stay quiet like other Unix tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    return rv if isinstance(rv, int) else 0

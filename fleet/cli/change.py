@@ -1,0 +1,134 @@
+"""`fleet edit`, `close`, `block`, `retry`, `cancel`: a person's changes to one task.
+
+Each prints the task id on success (or the task with --json) and fails with exit status 4 when
+the task's current status does not allow the change.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from fleet.cli.app import TASK, App, cli, pass_app
+from fleet.errors import InputError
+from fleet.model import MAX_PRIORITY, MIN_PRIORITY, Task, TaskEdit
+
+
+def _done(task: Task, as_json: bool) -> None:
+    from fleet.output import emit_object
+
+    if as_json:
+        emit_object(task.to_json())
+    else:
+        sys.stdout.write(task.id + "\n")
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print the changed task as JSON."
+)
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID", type=TASK)
+@click.option("--title", help="New title.")
+@click.option("-d", "--description", metavar="TEXT|@FILE|-", help="New description.")
+@click.option("--cwd", metavar="DIR", help="New project directory.")
+@click.option("--coder", metavar="NAME", help="New coder (empty: back to default_coder).")
+@click.option("--model", metavar="NAME", help="New model (empty: back to the default).")
+@click.option("-p", "--priority", type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY))
+@click.option("--label", "labels", multiple=True, metavar="LABEL", help="Add a label.")
+@click.option("--unlabel", multiple=True, metavar="LABEL", help="Remove a label.")
+@click.option("--after", multiple=True, type=TASK, help="Add a dependency.")
+@click.option("--not-after", multiple=True, type=TASK, help="Remove a dependency.")
+@click.option("--parent", type=TASK, help="Set the parent task.")
+@json_option
+@pass_app
+def edit(
+    app: App,
+    task_id: str,
+    title: str | None,
+    description: str | None,
+    cwd: str | None,
+    coder: str | None,
+    model: str | None,
+    priority: int | None,
+    labels: tuple[str, ...],
+    unlabel: tuple[str, ...],
+    after: tuple[str, ...],
+    not_after: tuple[str, ...],
+    parent: str | None,
+    as_json: bool,
+) -> None:
+    """Change a task's fields, labels and dependencies.
+
+    The directory, coder and model cannot change while an attempt is running.
+    """
+    from fleet import inputs
+
+    clear = frozenset(name for name, value in (("coder", coder), ("model", model)) if value == "")
+    change = TaskEdit(
+        title=inputs.title(title) if title is not None else None,
+        description=inputs.description(description) if description is not None else None,
+        cwd=inputs.cwd(cwd) if cwd is not None else None,
+        coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
+        model=inputs.name("model", model) if model else None,
+        priority=priority,
+        parent=parent,
+        add_labels=tuple(inputs.label(x) for x in labels),
+        remove_labels=tuple(unlabel),
+        add_after=after,
+        remove_after=not_after,
+        clear=clear,
+    )
+    if change == TaskEdit(clear=frozenset()):
+        raise InputError("nothing to change", hint="see `fleet edit --help` for the options")
+    _done(app.store.edit(task_id, change), as_json)
+
+
+@cli.command("close")
+@click.argument("task_id", metavar="ID", type=TASK)
+@click.option("-r", "--reason", help="What was done, for the record.")
+@json_option
+@pass_app
+def close(app: App, task_id: str, reason: str | None, as_json: bool) -> None:
+    """Mark a task done (agents run this when they finish: `fleet close $FLEET_TASK_ID`)."""
+    from fleet import inputs
+
+    _done(app.store.close_task(task_id, inputs.reason(reason) if reason else None), as_json)
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID", type=TASK)
+@click.option("-r", "--reason", required=True, help="What the task is waiting for.")
+@json_option
+@pass_app
+def block(app: App, task_id: str, reason: str, as_json: bool) -> None:
+    """Block a task until a person retries it; the reason says why."""
+    from fleet import inputs
+
+    text = inputs.reason(reason)
+    if not text:
+        raise InputError("the reason is empty", hint="say what the task is waiting for")
+    _done(app.store.block(task_id, text), as_json)
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID", type=TASK)
+@json_option
+@pass_app
+def retry(app: App, task_id: str, as_json: bool) -> None:
+    """Put a blocked, done or cancelled task back to ready, with its counters reset."""
+    _done(app.store.retry(task_id), as_json)
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID", type=TASK)
+@click.option("-r", "--reason", help="Why it is withdrawn.")
+@json_option
+@pass_app
+def cancel(app: App, task_id: str, reason: str | None, as_json: bool) -> None:
+    """Withdraw a task: it is never claimed again unless retried."""
+    from fleet import inputs
+
+    _done(app.store.cancel(task_id, inputs.reason(reason) if reason else None), as_json)

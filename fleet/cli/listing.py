@@ -1,0 +1,166 @@
+"""`fleet ls`, `fleet ready` and `fleet show`: read the queue, as tables or as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import click
+
+from fleet.cli.app import TASK, App, cli, pass_app
+from fleet.model import Status, Task
+from fleet.output import (
+    emit_json_texts,
+    emit_object,
+    emit_objects,
+    emit_pairs,
+    emit_table,
+    fmt_of,
+    output_options,
+    shorten,
+)
+
+STATUS_CHOICE = click.Choice([s.value for s in Status])
+
+
+def _state(task: Task) -> str:
+    if task.status == Status.READY and task.waiting_on:
+        return "waiting"
+    return str(task.status)
+
+
+def _table(tasks: Iterable[Task]) -> None:
+    from fleet.timeutil import ago
+
+    rows = [
+        (
+            t.id,
+            _state(t),
+            t.priority,
+            t.coder or "-",
+            ago(t.updated_at),
+            shorten(t.title, 60),
+        )
+        for t in tasks
+    ]
+    emit_table(("ID", "STATUS", "P", "CODER", "UPDATED", "TITLE"), rows)
+
+
+@cli.command("ls")
+@click.option(
+    "-s",
+    "--status",
+    "statuses",
+    type=STATUS_CHOICE,
+    multiple=True,
+    help="Only tasks in this status (repeatable).",
+)
+@click.option("--label", metavar="LABEL", help="Only tasks with this label.")
+@click.option("--cwd", metavar="DIR", help="Only tasks working in DIR or below it.")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Include done and cancelled tasks.")
+@output_options
+@pass_app
+def ls(
+    app: App,
+    statuses: tuple[str, ...],
+    label: str | None,
+    cwd: str | None,
+    show_all: bool,
+    fmt: str | None,
+) -> None:
+    """List tasks, oldest first (by default those not done or cancelled)."""
+    from fleet import inputs
+    from fleet.store import TaskFilter
+
+    flt = TaskFilter(
+        statuses=tuple(Status(s) for s in statuses),
+        include_final=show_all,
+        label=inputs.label(label) if label is not None else None,
+        cwd=inputs.cwd(cwd) if cwd is not None else None,
+    )
+    out = fmt_of(fmt)
+    if out == "table":
+        _table(app.store.tasks(flt))
+    else:
+        emit_json_texts(app.store.list_json(flt), out)
+
+
+@cli.command()
+@click.option("-n", "--limit", type=click.IntRange(min=1), help="Show at most N tasks.")
+@output_options
+@pass_app
+def ready(app: App, limit: int | None, fmt: str | None) -> None:
+    """List the tasks that would be claimed next, in claim order.
+
+    Claim order is priority (0 first), then age; a task whose dependencies are not all done is
+    not ready.
+    """
+    tasks = app.store.ready(limit)
+    out = fmt_of(fmt)
+    if out == "table":
+        _table(tasks)
+    else:
+        emit_objects((t.to_json() for t in tasks), out)
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID", type=TASK)
+@click.option("--json", "as_json", is_flag=True, help="Print the task and its attempts as JSON.")
+@pass_app
+def show(app: App, task_id: str, as_json: bool) -> None:
+    """Show one task in full, with its attempts."""
+    task = app.store.get(task_id)
+    attempts = app.store.attempts(task_id)
+    if as_json:
+        obj: dict[str, Any] = task.to_json()
+        obj["attempt_log"] = [a.to_json() for a in attempts]
+        emit_object(obj)
+        return
+
+    def opt(value: object) -> str:
+        return "-" if value in (None, "", ()) else str(value)
+
+    state = _state(task)
+    if task.waiting_on:
+        state += " on " + ", ".join(task.waiting_on)
+    claim = f"{task.claimed_by} until {task.lease_until}" if task.claimed_by else None
+    emit_pairs(
+        [
+            ("id", task.id),
+            ("title", task.title),
+            ("status", state),
+            ("reason", opt(task.reason)),
+            ("priority", task.priority),
+            ("cwd", task.cwd),
+            ("coder", task.coder or "(default_coder when first claimed)"),
+            ("model", task.model or "(the coder's default)"),
+            ("labels", opt(", ".join(task.labels))),
+            ("after", opt(", ".join(task.after))),
+            ("parent", opt(task.parent)),
+            ("attempts", f"{task.attempts} (failures {task.failures}, no-close {task.noclose})"),
+            ("claim", opt(claim)),
+            ("created", task.created_at),
+            ("updated", task.updated_at),
+            ("started", opt(task.started_at)),
+            ("finished", opt(task.finished_at)),
+        ]
+    )
+    if task.description:
+        click.echo("\n" + task.description.rstrip("\n"))
+    if attempts:
+        click.echo()
+        emit_table(
+            ("#", "OUTCOME", "EXIT", "STARTED", "ENDED", "TOKENS IN/OUT", "COST"),
+            [
+                (
+                    a.n,
+                    a.outcome or "running",
+                    opt(a.exit_status),
+                    a.started_at,
+                    opt(a.ended_at),
+                    f"{opt(a.tokens_in)}/{opt(a.tokens_out)}",
+                    "-" if a.cost is None else f"${a.cost:.4f}",
+                )
+                for a in attempts
+            ],
+        )

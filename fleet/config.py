@@ -1,0 +1,229 @@
+"""The effective configuration: default < file < `FLEET_*` environment < `--set` flag.
+
+The file is read with the standard library (fast, exact line numbers in errors) and edited with
+tomlkit (comments and layout kept). A file that parses and validates is copied to the state
+directory as the last good configuration, so a broken edit never loses the previous settings.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet.errors import ConfigError
+from fleet.fsutil import write_atomic
+from fleet.paths import Paths, ensure_dir
+from fleet.settings import (
+    BUILTIN_CODERS,
+    CODER_BY_NAME,
+    CODER_SETTINGS,
+    SETTINGS,
+    Setting,
+    lookup,
+    template,
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    values: Mapping[str, Any]  # every key, `coders.NAME.key` included for configured coders
+    sources: Mapping[str, str]  # key -> "default", "file", "env FLEET_X" or "flag"
+
+    def get_int(self, name: str) -> int:
+        value = self.values[name]
+        assert isinstance(value, int)
+        return value
+
+    def get_str(self, name: str) -> str:
+        value = self.values[name]
+        assert isinstance(value, str)
+        return value
+
+    @property
+    def coders(self) -> tuple[str, ...]:
+        """Every coder name a task may use: the built-in ones and each [coders.NAME] table."""
+        extra = {k.split(".")[1] for k in self.values if k.startswith("coders.")}
+        return (*BUILTIN_CODERS, *sorted(extra - set(BUILTIN_CODERS)))
+
+    def check_coder(self, name: str) -> str:
+        if name not in self.coders:
+            raise ConfigError(
+                f"unknown coder {name!r}",
+                hint="known coders: " + ", ".join(self.coders) + " (add one with [coders.NAME])",
+            )
+        return name
+
+
+def _parse_error(path: Path, e: tomllib.TOMLDecodeError) -> ConfigError:
+    text = str(e)
+    m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", text)
+    where = f"{path}:{m.group(1)}:{m.group(2)}" if m else str(path)
+    msg = text[: m.start()] if m else text
+    return ConfigError(f"{where}: {msg[:1].lower()}{msg[1:]}", hint=_restore_hint(path))
+
+
+def _restore_hint(path: Path) -> str:
+    return f"fix {path} by hand; `fleet config show` works again once it parses"
+
+
+def _line_of(raw: str, key: str) -> int | None:
+    pattern = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=", re.M)
+    m = pattern.search(raw)
+    return raw.count("\n", 0, m.start()) + 1 if m else None
+
+
+def read_file(path: Path) -> tuple[str, dict[str, Any]]:
+    """The file's text and its checked key -> value map (empty if the file does not exist)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return "", {}
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from e
+    try:
+        raw = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8", hint=_restore_hint(path)) from None
+    try:
+        doc = tomllib.loads(raw)
+    except tomllib.TOMLDecodeError as e:
+        raise _parse_error(path, e) from None
+    return raw, flatten(doc, path, raw)
+
+
+def flatten(doc: Mapping[str, Any], path: Path, raw: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+
+    def where(key: str) -> str:
+        line = _line_of(raw, key.rsplit(".", 1)[-1])
+        return f"{path}:{line}" if line else str(path)
+
+    for key, value in doc.items():
+        if key == "coders":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where(key)}: coders must be a table of [coders.NAME] tables")
+            for coder, table in value.items():
+                if not isinstance(table, dict):
+                    raise ConfigError(f"{where(coder)}: coders.{coder} must be a table")
+                if not table:
+                    out[f"coders.{coder}.binary"] = ""
+                for name, item in table.items():
+                    full = f"coders.{coder}.{name}"
+                    if name not in CODER_BY_NAME:
+                        _known(full, where(name))  # raises, listing the known keys
+                    out[full] = CODER_BY_NAME[name].check(item, where(name))
+            continue
+        setting, _ = _known(key, where(key))
+        out[key] = setting.check(value, where(key))
+    return out
+
+
+def _known(key: str, where: str) -> tuple[Setting, str | None]:
+    try:
+        return lookup(key)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e.message}", hint=e.hint) from None
+
+
+def load(
+    paths: Paths,
+    flags: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    import os
+
+    env = os.environ if env is None else env
+    raw, from_file = read_file(paths.config_file)
+    if raw:
+        _remember_good(paths, raw)
+    values: dict[str, Any] = {s.name: s.default for s in SETTINGS}
+    sources = dict.fromkeys(values, "default")
+    for key, value in from_file.items():
+        values[key] = value
+        sources[key] = "file"
+    for coder in {k.split(".")[1] for k in from_file if k.startswith("coders.")}:
+        for s in CODER_SETTINGS:
+            values.setdefault(f"coders.{coder}.{s.name}", s.default)
+            sources.setdefault(f"coders.{coder}.{s.name}", "default")
+    for s in SETTINGS:
+        if s.env_var in env:
+            values[s.name] = s.parse(env[s.env_var], s.env_var)
+            sources[s.name] = f"env {s.env_var}"
+    for assignment in flags:
+        key, text = split_assignment(assignment)
+        setting, _ = lookup(key)
+        values[key] = setting.parse(text, f"--set {key}")
+        sources[key] = "flag"
+    config = Config(paths.config_file, values, sources)
+    try:
+        config.check_coder(config.get_str("default_coder"))
+    except ConfigError as e:
+        raise ConfigError(
+            f"default_coder ({sources['default_coder']}): {e.message}", e.hint
+        ) from None
+    return config
+
+
+def split_assignment(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"expected KEY=VALUE, not {text!r}")
+    return key.strip(), value
+
+
+def _remember_good(paths: Paths, raw: str) -> None:
+    """Keep a copy of a configuration that parsed and validated (only when it changed)."""
+    data = raw.encode("utf-8")
+    try:
+        if paths.last_good_config.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    try:
+        ensure_dir(paths.home)
+        write_atomic(paths.last_good_config, data)
+    except OSError:
+        pass  # a read-only state directory must not make reading the configuration fail
+
+
+def edit(paths: Paths, assignments: Sequence[str], unset: Sequence[str] = ()) -> None:
+    """Apply `KEY=VALUE` assignments and removals to the file, all or nothing."""
+    import tomlkit
+    from tomlkit.items import Table
+
+    path = paths.config_file
+    raw, _ = read_file(path)  # refuse to edit a file that does not parse or validate
+    doc = tomlkit.parse(raw or template())
+    for assignment in assignments:
+        key, text = split_assignment(assignment)
+        setting, coder = lookup(key)
+        value = setting.parse(text, key)
+        if coder is None:
+            doc[key] = value
+            continue
+        coders = doc.get("coders")
+        if coders is None:
+            coders = tomlkit.table(is_super_table=True)
+            doc["coders"] = coders
+        table = coders.get(coder)
+        if table is None:
+            table = tomlkit.table()
+            coders[coder] = table
+        assert isinstance(table, Table)
+        table[setting.name] = value
+    for key in unset:
+        setting, coder = lookup(key)
+        container: Any = doc if coder is None else doc.get("coders", {}).get(coder, {})
+        if setting.name in container:
+            del container[setting.name]
+    text = tomlkit.dumps(doc)
+    flatten(tomllib.loads(text), path, text)  # the result must validate as a whole
+    ensure_dir(path.parent)
+    write_atomic(path, text.encode("utf-8"))
+    _remember_good(paths, text)

@@ -1,0 +1,68 @@
+"""Every failure a user can see is a FleetError with a one-line message and an optional hint.
+
+Each subclass fixes the process exit status, so scripts can tell a missing task from a refused
+transition without parsing text. The table of codes is documented in fleet(1).
+"""
+
+from __future__ import annotations
+
+
+class FleetError(Exception):
+    """Something went wrong that the user can act on."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class InputError(FleetError):
+    """The command line or an input file is wrong (bad id, bad value, missing file)."""
+
+    exit_code = 2
+
+
+class NotFound(FleetError):
+    """A task or question named on the command line does not exist."""
+
+    exit_code = 3
+
+
+class Conflict(FleetError):
+    """The request is valid but the task's current state does not allow it."""
+
+    exit_code = 4
+
+
+class ConfigError(FleetError):
+    """The configuration file or a configuration value is unusable."""
+
+    exit_code = 5
+
+
+class StoreError(FleetError):
+    """The task store cannot be used (newer schema, corrupt file, unwritable directory)."""
+
+    exit_code = 6
+
+
+class NotYet(FleetError):
+    """The command exists but its implementation has not landed yet."""
+
+    exit_code = 69  # EX_UNAVAILABLE from sysexits.h
+
+
+# The documented exit statuses, in one place, for fleet(1) and the README.
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (0, "success"),
+    (1, "general failure"),
+    (InputError.exit_code, "bad usage or bad input"),
+    (NotFound.exit_code, "no such task"),
+    (Conflict.exit_code, "the task's state does not allow this (conflict)"),
+    (ConfigError.exit_code, "unusable configuration"),
+    (StoreError.exit_code, "the task store cannot be used"),
+    (NotYet.exit_code, "command not implemented yet"),
+    (130, "interrupted"),
+)

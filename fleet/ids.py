@@ -1,0 +1,37 @@
+"""Task ids: `fl-` followed by lowercase Crockford base32, safe as a unit instance and a file name.
+
+The invariant: an id (or prefix) that passes `check_ref` contains only [0-9a-z-], so it can be
+placed in a systemd unit name, a path component or a shell word without escaping.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from fleet.errors import InputError
+
+PREFIX = "fl-"
+ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford: no i, l, o, u
+LENGTH = 6  # 2**30 ids; a collision is detected by the store and redrawn
+_REF = re.compile(rf"(?:{PREFIX})?[{ALPHABET}]{{1,{LENGTH}}}")
+
+
+def new_id() -> str:
+    return PREFIX + "".join(secrets.choice(ALPHABET) for _ in range(LENGTH))
+
+
+def check_ref(text: str) -> str:
+    """Validate a full id or an unambiguous-prefix candidate; return it with the `fl-` prefix."""
+    ref = text.strip().lower()
+    if not _REF.fullmatch(ref):
+        shown = text.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        raise InputError(
+            f"not a task id: {shown!r}",
+            hint=f"task ids look like {PREFIX}7k2m9q; a unique prefix such as 7k2 is enough",
+        )
+    return ref if ref.startswith(PREFIX) else PREFIX + ref
+
+
+def is_full(ref: str) -> bool:
+    return len(ref) == len(PREFIX) + LENGTH

@@ -1,0 +1,188 @@
+"""The task and attempt records, and their JSON form, declared once.
+
+`TASK_FIELDS` and `ATTEMPT_FIELDS` are the documented, stable `--json` schema: the store builds
+its SQL from them and the docs list them, so the three can never disagree. Fields are only ever
+added at the end, never renamed or removed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.StrEnum):
+    READY = "ready"  # waiting to be claimed (once every task it depends on is done)
+    RUNNING = "running"  # claimed; an attempt holds the lease
+    BLOCKED = "blocked"  # needs a person: retry limit reached, or blocked by hand or by the agent
+    DONE = "done"  # closed as finished
+    CANCELLED = "cancelled"  # withdrawn; never runs again unless retried
+
+    @property
+    def final(self) -> bool:
+        return self in (Status.DONE, Status.CANCELLED)
+
+
+MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 4, 2
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str  # "text", "int", "real", "list" (a JSON array of strings)
+    doc: str
+
+
+TASK_FIELDS: tuple[Field, ...] = (
+    Field("id", "text", "task id, `fl-` and six base32 characters"),
+    Field("title", "text", "one-line title"),
+    Field("description", "text", "longer instructions for the agent (may be empty)"),
+    Field("status", "text", "ready, running, blocked, done or cancelled"),
+    Field("priority", "int", "0 (highest) to 4 (lowest)"),
+    Field("cwd", "text", "absolute project directory the agent works in"),
+    Field("coder", "text", "coder name; null until the first claim freezes the default"),
+    Field("model", "text", "model name; null means the coder's default"),
+    Field("labels", "list", "free-form labels"),
+    Field("after", "list", "ids of the tasks this one depends on"),
+    Field("waiting_on", "list", "the dependencies that are not done yet"),
+    Field("parent", "text", "id of the parent task, or null"),
+    Field("attempts", "int", "number of attempts started"),
+    Field("failures", "int", "failed attempts since the last retry"),
+    Field("noclose", "int", "attempts that ended without closing the task, since the last retry"),
+    Field("claimed_by", "text", "owner of the current claim, or null"),
+    Field("lease_until", "text", "when the current claim expires unless renewed, or null"),
+    Field("reason", "text", "why the task was last closed, blocked or cancelled, or null"),
+    Field("created_at", "text", "UTC ISO 8601 time the task was added"),
+    Field("updated_at", "text", "UTC ISO 8601 time of the last change"),
+    Field("started_at", "text", "UTC ISO 8601 time of the first claim, or null"),
+    Field("finished_at", "text", "UTC ISO 8601 time it was last done or cancelled, or null"),
+)
+
+ATTEMPT_FIELDS: tuple[Field, ...] = (
+    Field("task", "text", "task id"),
+    Field("n", "int", "attempt number, from 1"),
+    Field("owner", "text", "who claimed it (host and process)"),
+    Field("started_at", "text", "UTC ISO 8601 start time"),
+    Field("ended_at", "text", "UTC ISO 8601 end time, or null while running"),
+    Field("outcome", "text", "how the attempt ended, or null while running"),
+    Field("exit_status", "int", "the coder's exit status, or null"),
+    Field("tokens_in", "int", "input tokens, or null"),
+    Field("tokens_out", "int", "output tokens, or null"),
+    Field("cost", "real", "cost in US dollars where the coder reports it, or null"),
+    Field("session_id", "text", "the coder's session id, or null"),
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    title: str
+    description: str
+    status: Status
+    priority: int
+    cwd: str
+    coder: str | None
+    model: str | None
+    labels: tuple[str, ...]
+    after: tuple[str, ...]
+    waiting_on: tuple[str, ...]
+    parent: str | None
+    attempts: int
+    failures: int
+    noclose: int
+    claimed_by: str | None
+    lease_until: str | None
+    reason: str | None
+    created_at: str
+    updated_at: str
+    started_at: str | None
+    finished_at: str | None
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Task:
+        values = {f.name: obj[f.name] for f in TASK_FIELDS}
+        values["status"] = Status(values["status"])
+        for f in TASK_FIELDS:
+            if f.kind == "list":
+                values[f.name] = tuple(values[f.name])
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in TASK_FIELDS:
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if f.kind == "list" else value
+        out["status"] = str(self.status)
+        return out
+
+
+@dataclass(frozen=True)
+class Attempt:
+    task: str
+    n: int
+    owner: str
+    started_at: str
+    ended_at: str | None
+    outcome: str | None
+    exit_status: int | None
+    tokens_in: int | None
+    tokens_out: int | None
+    cost: float | None
+    session_id: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in ATTEMPT_FIELDS}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a person asks for when adding a task; validated before it reaches the store."""
+
+    title: str
+    cwd: str
+    description: str = ""
+    coder: str | None = None
+    model: str | None = None
+    priority: int = DEFAULT_PRIORITY
+    labels: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()  # full ids, or `ref:NAME` for a task earlier in the same batch
+    parent: str | None = None
+    ref: str | None = None  # batch-local name other lines may depend on
+
+
+@dataclass(frozen=True)
+class TaskEdit:
+    """Changes to a task; None leaves a field alone."""
+
+    title: str | None = None
+    description: str | None = None
+    cwd: str | None = None
+    coder: str | None = None
+    model: str | None = None
+    priority: int | None = None
+    parent: str | None = None
+    add_labels: tuple[str, ...] = ()
+    remove_labels: tuple[str, ...] = ()
+    add_after: tuple[str, ...] = ()
+    remove_after: tuple[str, ...] = ()
+    clear: frozenset[str] = field(default_factory=frozenset)  # fields to set to null
+
+    @property
+    def touches_run(self) -> bool:
+        """Whether it changes what a running attempt was started with."""
+        return any(v is not None for v in (self.cwd, self.coder, self.model)) or bool(
+            self.clear & {"coder", "model"}
+        )
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How an attempt ended, as recorded on its row."""
+
+    outcome: str
+    exit_status: int | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost: float | None = None
+    session_id: str | None = None

@@ -1,0 +1,180 @@
+"""Every configuration key, declared once: name, kind, default, limits and help.
+
+This table drives validation of the file, the environment and flags; `fleet config show`; the
+commented default configuration; and fleet.toml(5). A key that is not here does not exist.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fleet.errors import ConfigError
+
+Kind = Literal["int", "str", "list", "table"]
+
+# The coders fleet knows by name; more are defined by a [coders.NAME] table.
+BUILTIN_CODERS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    minimum: int | None = None
+    maximum: int | None = None
+
+    @property
+    def env_var(self) -> str:
+        return "FLEET_" + self.name.upper()
+
+    def check(self, value: Any, where: str) -> Any:
+        """Return `value` if it suits this setting, else raise ConfigError naming `where`."""
+        ok = {
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "str": isinstance(value, str),
+            "list": isinstance(value, list) and all(isinstance(v, str) for v in value),
+            "table": isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
+        }[self.kind]
+        if not ok:
+            wanted = {
+                "int": "a whole number",
+                "str": "a string",
+                "list": "a list of strings",
+                "table": "a table of strings",
+            }[self.kind]
+            raise ConfigError(f"{where}: {self.name} must be {wanted}, not {value!r}")
+        if self.kind == "int":
+            if self.minimum is not None and value < self.minimum:
+                raise ConfigError(f"{where}: {self.name} must be at least {self.minimum}")
+            if self.maximum is not None and value > self.maximum:
+                raise ConfigError(f"{where}: {self.name} must be at most {self.maximum}")
+        return value
+
+    def parse(self, text: str, where: str) -> Any:
+        """Turn the text of an environment variable or `KEY=VALUE` into a checked value."""
+        if self.kind == "str":
+            value: Any = text
+        elif self.kind == "int":
+            try:
+                value = int(text.strip())
+            except ValueError:
+                raise ConfigError(
+                    f"{where}: {self.name} must be a whole number, not {text!r}"
+                ) from None
+        else:
+            try:
+                value = tomllib.loads(f"v = {text}")["v"]
+            except tomllib.TOMLDecodeError:
+                example = '["--flag", "value"]' if self.kind == "list" else '{NAME = "value"}'
+                raise ConfigError(
+                    f"{where}: {self.name} must be written as TOML, such as {example}"
+                ) from None
+        return self.check(value, where)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("max_concurrent", "int", 4, "How many tasks may run at once on this host.", 1, 1024),
+    Setting(
+        "default_coder",
+        "str",
+        "claude",
+        "Coder for tasks that name none: a built-in coder or a [coders.NAME] table.",
+    ),
+    Setting(
+        "default_model",
+        "str",
+        "",
+        "Model for tasks that name none; empty means the coder's own default.",
+    ),
+    Setting(
+        "retry_limit",
+        "int",
+        3,
+        "Failed attempts after which a task is blocked instead of retried.",
+        0,
+        1000,
+    ),
+    Setting(
+        "noclose_limit",
+        "int",
+        2,
+        "Attempts that end without closing their task after which it is blocked.",
+        0,
+        1000,
+    ),
+    Setting(
+        "context_pressure_pct",
+        "int",
+        85,
+        "Context use, in percent of the model's window, at which an agent is stopped and its"
+        " task requeued with a fresh context.",
+        1,
+        100,
+    ),
+    Setting(
+        "rate_limit_pct",
+        "int",
+        95,
+        "Rate-limit use, in percent, at which no new task is started for that coder until the"
+        " limit resets.",
+        1,
+        100,
+    ),
+    Setting(
+        "lease_seconds",
+        "int",
+        300,
+        "How long a claim holds without being renewed by its runner before the task is recovered.",
+        10,
+        86400,
+    ),
+)
+
+CODER_SETTINGS: tuple[Setting, ...] = (
+    Setting("binary", "str", "", "Program to run; empty means the coder's usual name on PATH."),
+    Setting("args", "list", [], "Extra arguments added to the coder's command line."),
+    Setting("env", "table", {}, "Extra environment variables for the coder."),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+CODER_BY_NAME: dict[str, Setting] = {s.name: s for s in CODER_SETTINGS}
+
+
+def lookup(key: str) -> tuple[Setting, str | None]:
+    """The setting for `key` (`name` or `coders.CODER.name`) and the coder it belongs to."""
+    if key in BY_NAME:
+        return BY_NAME[key], None
+    parts = key.split(".")
+    if len(parts) == 3 and parts[0] == "coders" and parts[2] in CODER_BY_NAME and parts[1]:
+        return CODER_BY_NAME[parts[2]], parts[1]
+    known = ", ".join([*BY_NAME, "coders.NAME." + "|".join(CODER_BY_NAME)])
+    raise ConfigError(f"unknown configuration key {key!r}", hint=f"known keys: {known}")
+
+
+def template() -> str:
+    """The commented default configuration file."""
+    lines = [
+        "# fleet configuration (TOML). Every setting is listed with its default, commented out.",
+        "# Precedence: built-in default < this file < FLEET_* environment < `fleet --set KEY=V`.",
+        "# Edit by hand or with `fleet config set KEY=VALUE`; see fleet.toml(5).",
+        "",
+    ]
+    for s in SETTINGS:
+        lines += [f"# {s.help}", f"# {s.name} = {_toml(s.default)}", ""]
+    lines += [
+        "# Per-coder settings, one table per coder: " + ", ".join(BUILTIN_CODERS) + ".",
+        "# [coders.claude]",
+    ]
+    for s in CODER_SETTINGS:
+        lines += [f"# {s.help}", f"# {s.name} = {_toml(s.default)}"]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value: Any) -> str:
+    import tomlkit
+
+    return str(tomlkit.item(value).as_string())

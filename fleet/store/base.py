@@ -1,0 +1,106 @@
+"""The store interface: every state change of a task is one method here, and one transaction.
+
+Semantics every backend must keep (the SQLite one today, PostgreSQL later):
+- each method is atomic, and each transition names the state it expects (compare-and-set), so
+  concurrent callers can never claim a task twice or resurrect a finished one;
+- `claim` takes the highest-priority, oldest ready tasks whose dependencies are all done;
+- a person's close/block/cancel wins over a running attempt: when that attempt ends, `finish`
+  keeps the person's status and only records the attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from fleet.errors import InputError
+from fleet.model import Attempt, AttemptEnd, Status, Task, TaskEdit, TaskSpec
+
+Count = Literal["failure", "noclose"]
+
+
+class BadSpec(InputError):
+    """One task of an `add` is invalid; `index` is its position (0-based) in the batch."""
+
+    def __init__(self, index: int, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.index = index
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    statuses: tuple[Status, ...] = ()  # empty: every status not final, unless include_final
+    include_final: bool = False
+    label: str | None = None
+    cwd: str | None = None  # the directory or anything below it
+
+
+class Store(Protocol):
+    def close(self) -> None: ...
+
+    # Reading
+    def resolve(self, ref: str) -> str:
+        """The full id for a full id or an unambiguous prefix (NotFound / InputError)."""
+        ...
+
+    def get(self, task_id: str) -> Task: ...
+
+    def tasks(self, flt: TaskFilter) -> Iterator[Task]: ...
+
+    def list_json(self, flt: TaskFilter) -> Iterator[str]:
+        """The same tasks as `tasks`, each already encoded as a JSON object (fast path)."""
+        ...
+
+    def ready(self, limit: int | None = None) -> list[Task]:
+        """What `claim` would take next, in claim order."""
+        ...
+
+    def attempts(self, task_id: str) -> list[Attempt]: ...
+
+    def ids_with_prefix(self, prefix: str, limit: int) -> list[tuple[str, str]]:
+        """(id, title) pairs for shell completion."""
+        ...
+
+    # A person's changes
+    def add(self, specs: Sequence[TaskSpec]) -> list[Task]:
+        """Add all or none."""
+        ...
+
+    def edit(self, task_id: str, change: TaskEdit) -> Task: ...
+
+    def close_task(self, task_id: str, reason: str | None) -> Task: ...
+
+    def block(self, task_id: str, reason: str) -> Task: ...
+
+    def cancel(self, task_id: str, reason: str | None) -> Task: ...
+
+    def retry(self, task_id: str) -> Task:
+        """Back to ready with failure and no-close counters reset."""
+        ...
+
+    # The runner's changes
+    def claim(
+        self,
+        n: int,
+        owner: str,
+        lease_s: float,
+        default_coder: str,
+        default_model: str | None,
+    ) -> list[Task]: ...
+
+    def renew(self, task_id: str, owner: str, lease_s: float) -> bool: ...
+
+    def release(self, task_id: str, owner: str, end: AttemptEnd) -> Task:
+        """End the attempt and put the task back to ready without counting anything."""
+        ...
+
+    def finish(
+        self,
+        task_id: str,
+        owner: str,
+        end: AttemptEnd,
+        status: Status,
+        reason: str | None = None,
+        count: Count | None = None,
+    ) -> Task: ...

@@ -1,0 +1,64 @@
+"""The SQLite schema as a list of forward migrations; `PRAGMA user_version` is the applied count.
+
+A migration is only ever appended, never edited once released. A database whose version is
+higher than `VERSION` was written by a newer fleet and is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+# "flt\0": marks the file as fleet's, so a stray SQLite file is not mistaken for a queue.
+APPLICATION_ID = 0x666C7400
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        """CREATE TABLE tasks (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            title TEXT NOT NULL,
+            description TEXT NOT NULL DEFAULT '',
+            status TEXT NOT NULL DEFAULT 'ready'
+                CHECK (status IN ('ready', 'running', 'blocked', 'done', 'cancelled')),
+            priority INTEGER NOT NULL DEFAULT 2 CHECK (priority BETWEEN 0 AND 4),
+            cwd TEXT NOT NULL,
+            coder TEXT,
+            model TEXT,
+            labels TEXT NOT NULL DEFAULT '[]',
+            parent TEXT REFERENCES tasks(id),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            failures INTEGER NOT NULL DEFAULT 0,
+            noclose INTEGER NOT NULL DEFAULT 0,
+            claimed_by TEXT,
+            lease_until TEXT,
+            reason TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            started_at TEXT,
+            finished_at TEXT
+        )""",
+        "CREATE INDEX tasks_claim_order ON tasks (status, priority, seq)",
+        "CREATE INDEX tasks_parent ON tasks (parent) WHERE parent IS NOT NULL",
+        """CREATE TABLE deps (
+            task TEXT NOT NULL REFERENCES tasks(id),
+            after TEXT NOT NULL REFERENCES tasks(id),
+            PRIMARY KEY (task, after)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX deps_after ON deps (after)",
+        """CREATE TABLE attempts (
+            task TEXT NOT NULL REFERENCES tasks(id),
+            n INTEGER NOT NULL,
+            owner TEXT NOT NULL,
+            started_at TEXT NOT NULL,
+            ended_at TEXT,
+            outcome TEXT,
+            exit_status INTEGER,
+            tokens_in INTEGER,
+            tokens_out INTEGER,
+            cost REAL,
+            session_id TEXT,
+            PRIMARY KEY (task, n)
+        ) WITHOUT ROWID""",
+    ),
+)
+
+VERSION = len(MIGRATIONS)

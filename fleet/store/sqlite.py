@@ -1,0 +1,599 @@
+"""The SQLite task store (WAL mode): the queue on one host.
+
+Invariants:
+- every write runs as BEGIN IMMEDIATE while holding an exclusive flock on `fleet.lock`, so
+  fleet's own writers queue in the kernel (woken at once, no busy-wait back-off) and SQLite's
+  busy timeout is only a fallback for foreign processes such as the sqlite3 shell;
+- every transition's UPDATE carries the state it expects in its WHERE clause, so the code stays
+  correct on a backend without a global write lock;
+- tasks are read as JSON built by SQLite from `TASK_FIELDS`, so `--json` output and `Task`
+  objects come from one expression.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from fleet import ids
+from fleet.errors import Conflict, InputError, NotFound, StoreError
+from fleet.model import (
+    ATTEMPT_FIELDS,
+    TASK_FIELDS,
+    Attempt,
+    AttemptEnd,
+    Status,
+    Task,
+    TaskEdit,
+    TaskSpec,
+)
+from fleet.paths import Paths, ensure_dir
+from fleet.store.base import BadSpec, Count, TaskFilter
+from fleet.store.schema import APPLICATION_ID, MIGRATIONS, VERSION
+from fleet.timeutil import iso, now_iso
+
+BUSY_TIMEOUT_S = 60.0
+FINAL = (Status.DONE.value, Status.CANCELLED.value)
+
+
+def _task_json_sql(t: str = "t") -> str:
+    exprs = {
+        "labels": f"json({t}.labels)",
+        "after": f"(SELECT json_group_array(d.after) FROM deps d WHERE d.task = {t}.id)",
+        "waiting_on": (
+            "(SELECT json_group_array(d.after) FROM deps d JOIN tasks u ON u.id = d.after"
+            f" WHERE d.task = {t}.id AND u.status != 'done')"
+        ),
+    }
+    parts = (f"'{f.name}', {exprs.get(f.name, f'{t}.{f.name}')}" for f in TASK_FIELDS)
+    return "json_object(" + ", ".join(parts) + ")"
+
+
+TASK_JSON = _task_json_sql()
+READY_WHERE = (
+    "t.status = 'ready' AND NOT EXISTS (SELECT 1 FROM deps d JOIN tasks u ON u.id = d.after"
+    " WHERE d.task = t.id AND u.status != 'done')"
+)
+ATTEMPT_COLUMNS = ", ".join(f.name for f in ATTEMPT_FIELDS)
+
+
+@contextmanager
+def _db_errors(path: object) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.OperationalError as e:
+        text = str(e)
+        if "locked" in text or "busy" in text:
+            raise StoreError(
+                f"the task store {path} stayed locked for {BUSY_TIMEOUT_S:.0f} s",
+                hint="another program holds a long write transaction on it",
+            ) from e
+        raise StoreError(f"task store {path}: {text}") from e
+    except sqlite3.DatabaseError as e:
+        raise StoreError(
+            f"{path} is not a usable fleet database: {e}",
+            hint="move it aside; fleet creates a new, empty store",
+        ) from e
+
+
+class SQLiteStore:
+    def __init__(self, db: sqlite3.Connection, lock_fd: int, path: object) -> None:
+        self._db = db
+        self._lock_fd = lock_fd
+        self._path = path
+
+    @classmethod
+    def open(cls, paths: Paths) -> SQLiteStore:
+        ensure_dir(paths.home)
+        try:
+            lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise StoreError(f"cannot open {paths.lock}: {e.strerror}") from e
+        with _db_errors(paths.db):
+            db = sqlite3.connect(
+                paths.db, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+        store = cls(db, lock_fd, paths.db)
+        store._prepare()
+        return store
+
+    def close(self) -> None:
+        self._db.close()
+        os.close(self._lock_fd)
+
+    # -- connection set-up and migrations ------------------------------------------------
+
+    def _prepare(self) -> None:
+        with _db_errors(self._path):
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            if self._version() == VERSION and self._journal_mode() == "wal":
+                return
+            with self._locked():
+                # WAL mode is persistent and cannot change inside a transaction.
+                if self._journal_mode() != "wal":
+                    self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    version = self._version()
+                    for statements in MIGRATIONS[version:]:
+                        for sql in statements:
+                            self._db.execute(sql)
+                    self._db.execute(f"PRAGMA user_version = {VERSION}")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+
+    def _journal_mode(self) -> str:
+        return str(self._db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+
+    def _version(self) -> int:
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        app = int(self._db.execute("PRAGMA application_id").fetchone()[0])
+        if version and app != APPLICATION_ID:
+            raise StoreError(
+                f"{self._path} is a SQLite database but not fleet's",
+                hint="point FLEET_HOME at another directory",
+            )
+        if version > VERSION:
+            raise StoreError(
+                f"{self._path} has schema version {version}; this fleet knows up to {VERSION}",
+                hint="it was written by a newer fleet: upgrade fleet to use it",
+            )
+        return version
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with _db_errors(self._path), self._locked():
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with _db_errors(self._path):
+            yield self._db
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _fetch(self, db: sqlite3.Connection, task_id: str) -> Task:
+        row = db.execute(f"SELECT {TASK_JSON} FROM tasks t WHERE t.id = ?", (task_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no task {task_id}", hint="`fleet ls --all` lists every task")
+        return Task.from_json(json.loads(row[0]))
+
+    def resolve(self, ref: str) -> str:
+        full = ids.check_ref(ref)
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id FROM tasks WHERE id >= ? AND id < ? ORDER BY id LIMIT 6",
+                (full, full + "~"),
+            ).fetchall()
+        found = [r[0] for r in rows]
+        if full in found:
+            return full
+        if not found:
+            raise NotFound(f"no task {full}", hint="`fleet ls --all` lists every task")
+        if len(found) > 1:
+            more = ", …" if len(found) > 5 else ""
+            raise InputError(
+                f"{ref} is ambiguous: " + ", ".join(found[:5]) + more,
+                hint="type more characters of the id",
+            )
+        return str(found[0])
+
+    def get(self, task_id: str) -> Task:
+        with self._read() as db:
+            return self._fetch(db, task_id)
+
+    def _list_sql(self, flt: TaskFilter) -> tuple[str, list[Any]]:
+        where: list[str] = []
+        args: list[Any] = []
+        if flt.statuses:
+            where.append(f"t.status IN ({','.join('?' * len(flt.statuses))})")
+            args.extend(s.value for s in flt.statuses)
+        elif not flt.include_final:
+            where.append("t.status NOT IN (?, ?)")
+            args.extend(FINAL)
+        if flt.label is not None:
+            where.append("EXISTS (SELECT 1 FROM json_each(t.labels) WHERE value = ?)")
+            args.append(flt.label)
+        if flt.cwd is not None:
+            base = flt.cwd.rstrip("/") + "/"
+            where.append("(t.cwd = ? OR substr(t.cwd, 1, ?) = ?)")
+            args.extend((flt.cwd, len(base), base))
+        sql = f"SELECT {TASK_JSON} FROM tasks t"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        return sql + " ORDER BY t.seq", args
+
+    def list_json(self, flt: TaskFilter) -> Iterator[str]:
+        sql, args = self._list_sql(flt)
+        with self._read() as db:
+            for (text,) in db.execute(sql, args):
+                yield text
+
+    def tasks(self, flt: TaskFilter) -> Iterator[Task]:
+        for text in self.list_json(flt):
+            yield Task.from_json(json.loads(text))
+
+    def ready(self, limit: int | None = None) -> list[Task]:
+        sql = f"SELECT {TASK_JSON} FROM tasks t WHERE {READY_WHERE} ORDER BY t.priority, t.seq"
+        with self._read() as db:
+            rows = db.execute(sql + " LIMIT ?", (-1 if limit is None else limit,)).fetchall()
+        return [Task.from_json(json.loads(r[0])) for r in rows]
+
+    def attempts(self, task_id: str) -> list[Attempt]:
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE task = ? ORDER BY n", (task_id,)
+            ).fetchall()
+        return [Attempt(*row) for row in rows]
+
+    def ids_with_prefix(self, prefix: str, limit: int) -> list[tuple[str, str]]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id, title FROM tasks WHERE id >= ? AND id < ? ORDER BY seq DESC LIMIT ?",
+                (prefix, prefix + "~", limit),
+            ).fetchall()
+        return [(str(a), str(b)) for a, b in rows]
+
+    # -- a person's changes ----------------------------------------------------------------
+
+    def add(self, specs: Sequence[TaskSpec]) -> list[Task]:
+        self._check_refs(specs)
+        new_ids: list[str] = []
+        now = now_iso()
+        with self._write() as db:
+            for i, spec in enumerate(specs):
+                for dep in (*spec.after, *((spec.parent,) if spec.parent else ())):
+                    if not dep.startswith("ref:") and not self._exists(db, dep):
+                        raise BadSpec(i, f"no task {dep}")
+            for spec in specs:
+                new_ids.append(self._insert(db, spec, now))
+            refs = {s.ref: new_ids[i] for i, s in enumerate(specs) if s.ref}
+
+            def real(dep: str) -> str:
+                return refs[dep[4:]] if dep.startswith("ref:") else dep
+
+            for i, spec in enumerate(specs):
+                if spec.parent:
+                    db.execute(
+                        "UPDATE tasks SET parent = ? WHERE id = ?", (real(spec.parent), new_ids[i])
+                    )
+                db.executemany(
+                    "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
+                    [(new_ids[i], real(dep)) for dep in spec.after],
+                )
+            if len(specs) > 50:
+                # Re-reading thousands of rows one by one would dominate a batch add.
+                rows = db.execute(
+                    f"SELECT {TASK_JSON} FROM tasks t WHERE t.seq > "
+                    "(SELECT seq FROM tasks WHERE id = ?) - 1 ORDER BY t.seq",
+                    (new_ids[0],),
+                ).fetchall()
+                by_id = {t.id: t for t in (Task.from_json(json.loads(r[0])) for r in rows)}
+                return [by_id[i] for i in new_ids]
+            return [self._fetch(db, i) for i in new_ids]
+
+    @staticmethod
+    def _check_refs(specs: Sequence[TaskSpec]) -> None:
+        """Check batch-local references: defined once, all known, no cycle among them."""
+        index: dict[str, int] = {}
+        for i, spec in enumerate(specs):
+            if spec.ref:
+                if spec.ref in index:
+                    raise BadSpec(i, f"ref {spec.ref!r} is already used by an earlier task")
+                index[spec.ref] = i
+        edges: dict[int, list[int]] = {}
+        for i, spec in enumerate(specs):
+            for dep in (*spec.after, spec.parent or ""):
+                if dep.startswith("ref:"):
+                    if dep[4:] not in index:
+                        raise BadSpec(i, f"no task in this batch has ref {dep[4:]!r}")
+                    if dep in spec.after:
+                        edges.setdefault(i, []).append(index[dep[4:]])
+        state: dict[int, int] = {}  # 1: on the current path, 2: finished
+
+        def visit(node: int) -> None:
+            state[node] = 1
+            for nxt in edges.get(node, ()):
+                if state.get(nxt) == 1:
+                    raise BadSpec(node, "dependency cycle within the batch")
+                if nxt not in state:
+                    visit(nxt)
+            state[node] = 2
+
+        for node in list(edges):
+            if node not in state:
+                visit(node)
+
+    @staticmethod
+    def _exists(db: sqlite3.Connection, task_id: str) -> bool:
+        return db.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is not None
+
+    @staticmethod
+    def _insert(db: sqlite3.Connection, spec: TaskSpec, now: str) -> str:
+        for _ in range(100):
+            task_id = ids.new_id()
+            try:
+                db.execute(
+                    "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
+                    " labels, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        task_id,
+                        spec.title,
+                        spec.description,
+                        spec.priority,
+                        spec.cwd,
+                        spec.coder,
+                        spec.model,
+                        json.dumps(list(spec.labels)),
+                        now,
+                        now,
+                    ),
+                )
+            except sqlite3.IntegrityError as e:
+                if "tasks.id" in str(e):
+                    continue  # id collision: draw again
+                raise
+            return task_id
+        raise StoreError("could not draw a free task id in 100 tries")
+
+    def edit(self, task_id: str, change: TaskEdit) -> Task:
+        with self._write() as db:
+            cur = self._fetch(db, task_id)
+            if change.touches_run and cur.claimed_by is not None:
+                raise Conflict(
+                    f"{task_id} has an attempt running; its cwd, coder and model are frozen",
+                    hint="stop it first, or change them after it ends",
+                )
+            sets: dict[str, Any] = {}
+            for name in ("title", "description", "cwd", "coder", "model", "priority"):
+                value = getattr(change, name)
+                if value is not None:
+                    sets[name] = value
+            for name in change.clear:
+                sets[name] = None
+            if change.add_labels or change.remove_labels:
+                labels = [x for x in cur.labels if x not in change.remove_labels]
+                labels += [x for x in dict.fromkeys(change.add_labels) if x not in labels]
+                sets["labels"] = json.dumps(labels)
+            if change.parent is not None:
+                self._check_parent(db, task_id, change.parent)
+                sets["parent"] = change.parent
+            for dep in change.add_after:
+                self._check_dependency(db, task_id, dep)
+            db.executemany(
+                "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
+                [(task_id, d) for d in change.add_after],
+            )
+            db.executemany(
+                "DELETE FROM deps WHERE task = ? AND after = ?",
+                [(task_id, d) for d in change.remove_after],
+            )
+            sets["updated_at"] = now_iso()
+            db.execute(
+                "UPDATE tasks SET " + ", ".join(f"{k} = ?" for k in sets) + " WHERE id = ?",
+                (*sets.values(), task_id),
+            )
+            return self._fetch(db, task_id)
+
+    def _check_dependency(self, db: sqlite3.Connection, task_id: str, dep: str) -> None:
+        if dep == task_id:
+            raise InputError(f"{task_id} cannot depend on itself")
+        if not self._exists(db, dep):
+            raise NotFound(f"no task {dep}")
+        # A new edge task -> dep closes a cycle iff task is already reachable from dep.
+        cycle = db.execute(
+            "WITH RECURSIVE r(id) AS (SELECT ? UNION SELECT d.after FROM deps d JOIN r"
+            " ON d.task = r.id) SELECT 1 FROM r WHERE id = ?",
+            (dep, task_id),
+        ).fetchone()
+        if cycle:
+            raise InputError(
+                f"{task_id} after {dep} would make a dependency cycle",
+                hint=f"`fleet show {dep}` shows what it depends on",
+            )
+
+    def _check_parent(self, db: sqlite3.Connection, task_id: str, parent: str) -> None:
+        if parent == task_id:
+            raise InputError(f"{task_id} cannot be its own parent")
+        if not self._exists(db, parent):
+            raise NotFound(f"no task {parent}")
+        loop = db.execute(
+            "WITH RECURSIVE r(id) AS (SELECT ? UNION SELECT t.parent FROM tasks t JOIN r"
+            " ON t.id = r.id WHERE t.parent IS NOT NULL) SELECT 1 FROM r WHERE id = ?",
+            (parent, task_id),
+        ).fetchone()
+        if loop:
+            raise InputError(f"{parent} descends from {task_id}; it cannot be its parent")
+
+    def _transition(
+        self,
+        task_id: str,
+        verb: str,
+        allowed: tuple[Status, ...],
+        sets: str,
+        args: tuple[Any, ...],
+        idle: bool = False,
+    ) -> Task:
+        """Move `task_id` with `sets` iff its status is in `allowed` (and no attempt if idle)."""
+        now = now_iso()
+        cond = f"status IN ({','.join('?' * len(allowed))})"
+        if idle:
+            cond += " AND claimed_by IS NULL"
+        with self._write() as db:
+            row = db.execute(
+                f"UPDATE tasks SET {sets}, updated_at = ? WHERE id = ? AND {cond} RETURNING id",
+                (*args, now, task_id, *(s.value for s in allowed)),
+            ).fetchone()
+            if row is None:
+                cur = self._fetch(db, task_id)
+                if idle and cur.claimed_by:
+                    raise Conflict(
+                        f"cannot {verb} {task_id}: an attempt is still running",
+                        hint=f"wait for it to end, or stop it first (fleet kill {task_id})",
+                    )
+                raise Conflict(f"cannot {verb} {task_id}: it is {cur.status}")
+            return self._fetch(db, task_id)
+
+    def close_task(self, task_id: str, reason: str | None) -> Task:
+        allowed = (Status.READY, Status.RUNNING, Status.BLOCKED)
+        return self._transition(
+            task_id,
+            "close",
+            allowed,
+            "status = 'done', reason = ?, finished_at = ?",
+            (reason, now_iso()),
+        )
+
+    def block(self, task_id: str, reason: str) -> Task:
+        allowed = (Status.READY, Status.RUNNING, Status.BLOCKED)
+        return self._transition(
+            task_id, "block", allowed, "status = 'blocked', reason = ?", (reason,)
+        )
+
+    def cancel(self, task_id: str, reason: str | None) -> Task:
+        allowed = (Status.READY, Status.RUNNING, Status.BLOCKED)
+        return self._transition(
+            task_id,
+            "cancel",
+            allowed,
+            "status = 'cancelled', reason = ?, finished_at = ?",
+            (reason, now_iso()),
+        )
+
+    def retry(self, task_id: str) -> Task:
+        allowed = (Status.READY, Status.BLOCKED, Status.DONE, Status.CANCELLED)
+        return self._transition(
+            task_id,
+            "retry",
+            allowed,
+            "status = 'ready', reason = NULL, finished_at = NULL, failures = 0, noclose = 0",
+            (),
+            idle=True,
+        )
+
+    # -- the runner's changes --------------------------------------------------------------
+
+    def claim(
+        self,
+        n: int,
+        owner: str,
+        lease_s: float,
+        default_coder: str,
+        default_model: str | None,
+    ) -> list[Task]:
+        if n <= 0:
+            return []
+        now = now_iso()
+        lease = iso(time.time() + lease_s)
+        claimed: list[str] = []
+        with self._write() as db:
+            picked = db.execute(
+                f"SELECT t.id FROM tasks t WHERE {READY_WHERE} ORDER BY t.priority, t.seq LIMIT ?",
+                (n,),
+            ).fetchall()
+            for (task_id,) in picked:
+                row = db.execute(
+                    "UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = ?,"
+                    " attempts = attempts + 1, coder = COALESCE(coder, ?),"
+                    " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
+                    " updated_at = ? WHERE id = ? AND status = 'ready' AND claimed_by IS NULL"
+                    " RETURNING attempts",
+                    (owner, lease, default_coder, default_model or None, now, now, task_id),
+                ).fetchone()
+                if row is None:
+                    continue
+                db.execute(
+                    "INSERT INTO attempts (task, n, owner, started_at) VALUES (?, ?, ?, ?)",
+                    (task_id, row[0], owner, now),
+                )
+                claimed.append(task_id)
+            return [self._fetch(db, t) for t in claimed]
+
+    def renew(self, task_id: str, owner: str, lease_s: float) -> bool:
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE tasks SET lease_until = ? WHERE id = ? AND claimed_by = ? RETURNING id",
+                (iso(time.time() + lease_s), task_id, owner),
+            ).fetchone()
+            return row is not None
+
+    def release(self, task_id: str, owner: str, end: AttemptEnd) -> Task:
+        return self.finish(task_id, owner, end, Status.READY)
+
+    def finish(
+        self,
+        task_id: str,
+        owner: str,
+        end: AttemptEnd,
+        status: Status,
+        reason: str | None = None,
+        count: Count | None = None,
+    ) -> Task:
+        now = now_iso()
+        final = now if status.final else None
+        with self._write() as db:
+            # A person who closed, blocked or cancelled the task meanwhile keeps their status.
+            row = db.execute(
+                "UPDATE tasks SET"
+                " reason = CASE WHEN status = 'running' THEN COALESCE(?, reason) ELSE reason END,"
+                " finished_at = CASE WHEN status = 'running' THEN COALESCE(?, finished_at)"
+                " ELSE finished_at END,"
+                " status = CASE WHEN status = 'running' THEN ? ELSE status END,"
+                " failures = failures + ?, noclose = noclose + ?,"
+                " claimed_by = NULL, lease_until = NULL, updated_at = ?"
+                " WHERE id = ? AND claimed_by = ? RETURNING attempts",
+                (
+                    reason,
+                    final,
+                    status.value,
+                    int(count == "failure"),
+                    int(count == "noclose"),
+                    now,
+                    task_id,
+                    owner,
+                ),
+            ).fetchone()
+            if row is None:
+                cur = self._fetch(db, task_id)
+                raise Conflict(
+                    f"{task_id} is not claimed by {owner} (claimed by {cur.claimed_by or 'nobody'})"
+                )
+            db.execute(
+                "UPDATE attempts SET ended_at = ?, outcome = ?, exit_status = ?, tokens_in = ?,"
+                " tokens_out = ?, cost = ?, session_id = ? WHERE task = ? AND n = ?",
+                (
+                    now,
+                    end.outcome,
+                    end.exit_status,
+                    end.tokens_in,
+                    end.tokens_out,
+                    end.cost,
+                    end.session_id,
+                    task_id,
+                    row[0],
+                ),
+            )
+            return self._fetch(db, task_id)
