@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from fleet.cli.app import TASK, App, cli, pass_app
-from fleet.errors import InputError
+from fleet.errors import FleetError, InputError
 from fleet.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, TaskSpec
 from fleet.output import emit_object, emit_objects, fmt_of, output_options
 
@@ -149,8 +149,9 @@ def read_batch(app: App, source: str, default_cwd: str | None) -> tuple[list[Tas
     for number, obj in objs:
         try:
             specs.append(_spec(app, obj, refs, default_cwd))
-        except InputError as e:
-            raise InputError(f"{name} line {number}: {e.message}", e.hint) from None
+        except FleetError as e:
+            # Keep the error's class, and with it the exit status (no task: 3, config: 5).
+            raise type(e)(f"{name} line {number}: {e.message}", e.hint) from None
     return specs, [number for number, _ in objs]
 
 

@@ -105,7 +105,9 @@ class SQLiteStore:
 
     def close(self) -> None:
         self._db.close()
-        os.close(self._lock_fd)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     # -- connection set-up and migrations ------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""Shared fixtures: every test gets its own FLEET_HOME and clean FLEET_* environment."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fleet.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fleet_exe(name: str = "fleet") -> str:
+    """The installed console script next to this interpreter, else the checkout's bin/ copy."""
+    found = shutil.which(name, path=os.path.dirname(sys.executable))
+    return found or str(ROOT / "bin" / name)
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in list(os.environ):
+        if var.startswith("FLEET_") or var.startswith("XDG_"):
+            monkeypatch.delenv(var)
+    fleet_home = tmp_path / "home"
+    monkeypatch.setenv("FLEET_HOME", str(fleet_home))
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    return fleet_home
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    path.mkdir()
+    return path
+
+
+class Fleet:
+    """Runs `fleet` in this process (fast) with captured output."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], cwd: Path) -> None:
+        self.capsys = capsys
+        self.cwd = cwd
+
+    def __call__(self, *args: str) -> Result:
+        self.capsys.readouterr()
+        old = os.getcwd()
+        os.chdir(self.cwd)
+        try:
+            code = main(list(args))
+        finally:
+            os.chdir(old)
+        captured = self.capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    def ok(self, *args: str) -> str:
+        result = self(*args)
+        assert result.code == 0, result.err
+        return result.out
+
+    def add(self, *args: str) -> str:
+        return self.ok("add", *args).strip()
+
+
+@pytest.fixture
+def fleet(capsys: pytest.CaptureFixture[str], project: Path) -> Fleet:
+    return Fleet(capsys, project)
+
+
+def run_fleet(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> Result:
+    """Runs the installed `fleet` as a separate process, as a user's shell would."""
+    proc = subprocess.run(
+        [fleet_exe(), *args],
+        input=stdin,
+        capture_output=True,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
+    return Result(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
