@@ -177,4 +177,9 @@ def template() -> str:
 def _toml(value: Any) -> str:
     import tomlkit
 
+    if isinstance(value, dict):
+        # tomlkit renders an empty dict as nothing, which would not parse once uncommented.
+        table = tomlkit.inline_table()
+        table.update(value)
+        return str(table.as_string())
     return str(tomlkit.item(value).as_string())

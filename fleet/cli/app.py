@@ -92,7 +92,8 @@ class TaskRef(click.ParamType[str]):
         from fleet.store import open_store
 
         try:
-            prefix = ids.check_ref(incomplete) if incomplete else ids.PREFIX
+            typed = incomplete.strip().lower()
+            prefix = ids.PREFIX if ids.PREFIX.startswith(typed) else ids.check_ref(typed)
             store = open_store(resolve())
             try:
                 found = store.ids_with_prefix(prefix, 50)

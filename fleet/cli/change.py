@@ -36,7 +36,12 @@ json_option = click.option(
 @click.option("--cwd", metavar="DIR", help="New project directory.")
 @click.option("--coder", metavar="NAME", help="New coder (empty: back to default_coder).")
 @click.option("--model", metavar="NAME", help="New model (empty: back to the default).")
-@click.option("-p", "--priority", type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY))
+@click.option(
+    "-p",
+    "--priority",
+    type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY),
+    help="New priority: 0 is claimed first, 4 last.",
+)
 @click.option("--label", "labels", multiple=True, metavar="LABEL", help="Add a label.")
 @click.option("--unlabel", multiple=True, metavar="LABEL", help="Remove a label.")
 @click.option("--after", multiple=True, type=TASK, help="Add a dependency.")
