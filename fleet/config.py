@@ -131,16 +131,30 @@ def _known(key: str, where: str) -> tuple[Setting, str | None]:
         raise ConfigError(f"{where}: {e.message}", hint=e.hint) from None
 
 
+def load_or_last_good(paths: Paths) -> Config:
+    """For the programs systemd runs: a broken file falls back to the last good copy."""
+    import sys
+
+    try:
+        return load(paths)
+    except ConfigError as e:
+        if not paths.last_good_config.exists():
+            raise
+        sys.stderr.write(f"fleet: warning: {e.message}; using {paths.last_good_config}\n")
+        return load(paths, source=paths.last_good_config)
+
+
 def load(
     paths: Paths,
     flags: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    source: Path | None = None,
 ) -> Config:
     import os
 
     env = os.environ if env is None else env
-    raw, from_file = read_file(paths.config_file)
-    if raw:
+    raw, from_file = read_file(source or paths.config_file)
+    if raw and source is None:
         _remember_good(paths, raw)
     values: dict[str, Any] = {s.name: s.default for s in SETTINGS}
     sources = dict.fromkeys(values, "default")

@@ -15,7 +15,7 @@ from fleet.errors import ConfigError
 Kind = Literal["int", "str", "list", "table"]
 
 # The coders fleet knows by name; more are defined by a [coders.NAME] table.
-BUILTIN_CODERS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini")
+BUILTIN_CODERS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "command", "replay")
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,14 @@ SETTINGS: tuple[Setting, ...] = (
         " limit resets.",
         1,
         100,
+    ),
+    Setting(
+        "stop_grace_seconds",
+        "int",
+        10,
+        "How long a stopped agent may take to exit after its stop signal before it is killed.",
+        0,
+        3600,
     ),
     Setting(
         "lease_seconds",

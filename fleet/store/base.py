@@ -58,6 +58,14 @@ class Store(Protocol):
 
     def attempts(self, task_id: str) -> list[Attempt]: ...
 
+    def claims(self, owner: str | None = None) -> list[Task]:
+        """Tasks with a claim (of `owner`, or of anyone)."""
+        ...
+
+    def gates(self) -> dict[str, tuple[str | None, str | None]]:
+        """Open gates: name -> (until or None for indefinitely, reason)."""
+        ...
+
     def ids_with_prefix(self, prefix: str, limit: int) -> list[tuple[str, str]]:
         """(id, title) pairs for shell completion."""
         ...
@@ -79,6 +87,12 @@ class Store(Protocol):
         """Back to ready with failure and no-close counters reset."""
         ...
 
+    def set_gate(self, name: str, until: str | None, reason: str | None) -> None:
+        """Stop claims: `pause` stops all, `coder:NAME` only that coder's tasks."""
+        ...
+
+    def clear_gate(self, name: str) -> bool: ...
+
     # The runner's changes
     def claim(
         self,
@@ -88,6 +102,17 @@ class Store(Protocol):
         default_coder: str,
         default_model: str | None,
     ) -> list[Task]: ...
+
+    def claim_task(
+        self,
+        task_id: str,
+        owner: str,
+        lease_s: float,
+        default_coder: str,
+        default_model: str | None,
+    ) -> Task | None:
+        """Claim this one task if it is claimable now; None otherwise."""
+        ...
 
     def renew(self, task_id: str, owner: str, lease_s: float) -> bool: ...
 

@@ -38,6 +38,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX tasks_claim_order ON tasks (status, priority, seq)",
         "CREATE INDEX tasks_parent ON tasks (parent) WHERE parent IS NOT NULL",
+        "CREATE INDEX tasks_claimed ON tasks (claimed_by) WHERE claimed_by IS NOT NULL",
         """CREATE TABLE deps (
             task TEXT NOT NULL REFERENCES tasks(id),
             after TEXT NOT NULL REFERENCES tasks(id),
@@ -57,6 +58,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             cost REAL,
             session_id TEXT,
             PRIMARY KEY (task, n)
+        ) WITHOUT ROWID""",
+        # Gates stop claims: `pause` for everything, `coder:NAME` for one coder until a time.
+        """CREATE TABLE gates (
+            name TEXT PRIMARY KEY,
+            until TEXT,
+            reason TEXT,
+            created_at TEXT NOT NULL
         ) WITHOUT ROWID""",
     ),
 )

@@ -508,31 +508,107 @@ class SQLiteStore:
     ) -> list[Task]:
         if n <= 0:
             return []
-        now = now_iso()
-        lease = iso(time.time() + lease_s)
-        claimed: list[str] = []
         with self._write() as db:
+            gates = self._open_gates(db)
+            if "pause" in gates:
+                return []
+            gated = [g[6:] for g in gates if g.startswith("coder:")]
             picked = db.execute(
-                f"SELECT t.id FROM tasks t WHERE {READY_WHERE} ORDER BY t.priority, t.seq LIMIT ?",
-                (n,),
+                f"SELECT t.id FROM tasks t WHERE {READY_WHERE} AND COALESCE(t.coder, ?)"
+                f" NOT IN ({','.join('?' * len(gated))}) ORDER BY t.priority, t.seq LIMIT ?",
+                (default_coder, *gated, n),
             ).fetchall()
-            for (task_id,) in picked:
-                row = db.execute(
-                    "UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = ?,"
-                    " attempts = attempts + 1, coder = COALESCE(coder, ?),"
-                    " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
-                    " updated_at = ? WHERE id = ? AND status = 'ready' AND claimed_by IS NULL"
-                    " RETURNING attempts",
-                    (owner, lease, default_coder, default_model or None, now, now, task_id),
-                ).fetchone()
-                if row is None:
-                    continue
-                db.execute(
-                    "INSERT INTO attempts (task, n, owner, started_at) VALUES (?, ?, ?, ?)",
-                    (task_id, row[0], owner, now),
-                )
-                claimed.append(task_id)
+            claimed = [
+                t
+                for (task_id,) in picked
+                if (t := self._claim(db, task_id, owner, lease_s, default_coder, default_model))
+            ]
             return [self._fetch(db, t) for t in claimed]
+
+    def claim_task(
+        self,
+        task_id: str,
+        owner: str,
+        lease_s: float,
+        default_coder: str,
+        default_model: str | None,
+    ) -> Task | None:
+        with self._write() as db:
+            ready = db.execute(
+                f"SELECT 1 FROM tasks t WHERE t.id = ? AND {READY_WHERE}", (task_id,)
+            ).fetchone()
+            if not ready or not self._claim(
+                db, task_id, owner, lease_s, default_coder, default_model
+            ):
+                return None
+            return self._fetch(db, task_id)
+
+    @staticmethod
+    def _claim(
+        db: sqlite3.Connection,
+        task_id: str,
+        owner: str,
+        lease_s: float,
+        default_coder: str,
+        default_model: str | None,
+    ) -> str | None:
+        now = now_iso()
+        row = db.execute(
+            "UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = ?,"
+            " attempts = attempts + 1, coder = COALESCE(coder, ?),"
+            " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
+            " updated_at = ? WHERE id = ? AND status = 'ready' AND claimed_by IS NULL"
+            " RETURNING attempts",
+            (
+                owner,
+                iso(time.time() + lease_s),
+                default_coder,
+                default_model or None,
+                now,
+                now,
+                task_id,
+            ),
+        ).fetchone()
+        if row is None:
+            return None
+        db.execute(
+            "INSERT INTO attempts (task, n, owner, started_at) VALUES (?, ?, ?, ?)",
+            (task_id, row[0], owner, now),
+        )
+        return task_id
+
+    def claims(self, owner: str | None = None) -> list[Task]:
+        sql = f"SELECT {TASK_JSON} FROM tasks t WHERE t.claimed_by IS NOT NULL"
+        args: tuple[str, ...] = ()
+        if owner is not None:
+            sql += " AND t.claimed_by = ?"
+            args = (owner,)
+        with self._read() as db:
+            rows = db.execute(sql + " ORDER BY t.seq", args).fetchall()
+        return [Task.from_json(json.loads(r[0])) for r in rows]
+
+    @staticmethod
+    def _open_gates(db: sqlite3.Connection) -> dict[str, tuple[str | None, str | None]]:
+        rows = db.execute(
+            "SELECT name, until, reason FROM gates WHERE until IS NULL OR until > ?", (now_iso(),)
+        ).fetchall()
+        return {name: (until, reason) for name, until, reason in rows}
+
+    def gates(self) -> dict[str, tuple[str | None, str | None]]:
+        with self._read() as db:
+            return self._open_gates(db)
+
+    def set_gate(self, name: str, until: str | None, reason: str | None) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO gates (name, until, reason, created_at)"
+                " VALUES (?, ?, ?, ?)",
+                (name, until, reason, now_iso()),
+            )
+
+    def clear_gate(self, name: str) -> bool:
+        with self._write() as db:
+            return db.execute("DELETE FROM gates WHERE name = ?", (name,)).rowcount > 0
 
     def renew(self, task_id: str, owner: str, lease_s: float) -> bool:
         with self._write() as db:

@@ -1,0 +1,113 @@
+"""Where an attempt's events go: journald entries under systemd, JSON lines in a terminal.
+
+Invariant: every event passes through `Sink.emit` exactly once and is redacted there, before it
+is written anywhere. Under journald each event is one entry with a readable MESSAGE (so that
+`journalctl -u fleet-task@ID` reads as a transcript) and FLEET_* fields; in a terminal it is one
+JSON object per line (without the raw line) in the shape the replay coder reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fleet.coders.base import Event, Kind
+from fleet.journal import Journal, Value
+from fleet.redact import Redactor
+
+MAX_MESSAGE = 64 << 10
+PRIORITY = {Kind.ERROR: 3, Kind.RATE_LIMIT: 4, Kind.RETRY: 4, Kind.RAW: 6}
+# MESSAGE_IDs of lifecycle entries, explained by the catalog (systemd/fleet.catalog).
+MSG_STARTED = "ff162ac1b9fe420e8fea69f54c0b0a1c"
+MSG_ENDED = "7343cb85b5de44e6ab65578c11f6d67f"
+MSG_OUTCOME = "ca8f0dd63c544669ab87aa94dcefc057"
+MSG_REFUSED = "b473d560933a497d9ca056071cfba65a"
+
+
+@dataclass(frozen=True)
+class Context:
+    task: str
+    attempt: int
+    coder: str
+    model: str | None
+
+
+def message(event: Event) -> str:
+    text = event.text
+    if event.kind == Kind.TOOL_CALL:
+        text = f"→ {event.tool or 'tool'}: {text}" if text else f"→ {event.tool or 'tool'}"
+    elif event.kind == Kind.TOOL_RESULT:
+        text = f"← {text}"
+    elif event.kind == Kind.USAGE:
+        text = text or f"tokens in {event.tokens_in} out {event.tokens_out}"
+    elif event.kind == Kind.ERROR:
+        text = f"error: {text}"
+    elif event.kind == Kind.RESULT:
+        text = f"result ({'error' if event.is_error else 'ok'}): {text}".rstrip(": ")
+    elif event.kind == Kind.SESSION:
+        text = text or f"session {event.session}"
+    return text[:MAX_MESSAGE]
+
+
+class Sink:
+    def __init__(self, ctx: Context, redact: Redactor, journal: Journal | None) -> None:
+        self.ctx = ctx
+        self.redact = redact
+        self.journal = journal
+        self.count = 0
+
+    def emit(self, event: Event, raw: str | None) -> None:
+        self.count += 1
+        msg = self.redact(message(event))
+        raw = self.redact(raw) if raw is not None and raw != event.text else None
+        if self.journal is None:
+            obj: dict[str, object] = {"event": str(event.kind), "text": self.redact(event.text)}
+            for name in ("tool", "session", "tokens_in", "tokens_out", "cost"):
+                value = getattr(event, name)
+                if value is not None:
+                    obj[name] = value
+            if event.is_error:
+                obj["is_error"] = True
+            sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+            return
+        fields: dict[str, Value] = {
+            "MESSAGE": msg,
+            "PRIORITY": PRIORITY.get(event.kind, 6),
+            "SYSLOG_IDENTIFIER": "fleet-run",
+            "FLEET_TASK_ID": self.ctx.task,
+            "FLEET_ATTEMPT": self.ctx.attempt,
+            "FLEET_EVENT": str(event.kind),
+            "FLEET_CODER": self.ctx.coder,
+            "FLEET_SEQ": self.count,
+        }
+        if self.ctx.model:
+            fields["FLEET_MODEL"] = self.ctx.model
+        for name in ("tool", "session", "tokens_in", "tokens_out", "cost"):
+            value = getattr(event, name)
+            if value is not None:
+                fields[f"FLEET_{name.upper()}"] = value
+        if raw is not None:
+            fields["FLEET_RAW"] = raw
+        self.journal.send(fields)
+
+    def lifecycle(self, message_id: str, text: str, extra: Mapping[str, Value] = {}) -> None:
+        """An entry about the attempt itself (started, ended), explained by the catalog."""
+        if self.journal is None:
+            sys.stderr.write(f"fleet-run: {text}\n")
+            return
+        self.journal.send(
+            {
+                "MESSAGE": text,
+                "MESSAGE_ID": message_id,
+                "PRIORITY": 5,
+                "SYSLOG_IDENTIFIER": "fleet-run",
+                "FLEET_TASK_ID": self.ctx.task,
+                "FLEET_ATTEMPT": self.ctx.attempt,
+                "FLEET_EVENT": "lifecycle",
+                "FLEET_CODER": self.ctx.coder,
+                **extra,
+            }
+        )

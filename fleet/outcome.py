@@ -1,0 +1,47 @@
+"""The outcome file of an attempt: what fleet-run saw, for fleet-reap to classify.
+
+`tasks/<id>/outcome.json` is written atomically once per attempt, tagged with the attempt
+number and systemd's invocation id, so the reaper never mistakes an older attempt's file for
+the current one. A runner that dies before writing it leaves the previous file (or none), and
+the reaper then knows the attempt was lost.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fleet.fsutil import write_atomic
+
+FILE = "outcome.json"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    task: str
+    attempt: int
+    invocation: str
+    verdict: str  # success, failure, killed, refused, error
+    reason: str = ""
+    exit_status: int | None = None
+    signal: str | None = None
+    stopped_by: str | None = None  # kill-file, signal, lease-lost
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost: float | None = None
+    session: str | None = None
+    closes_on_success: bool = False
+
+
+def write(task_dir: Path, outcome: Outcome) -> None:
+    data = json.dumps(asdict(outcome), ensure_ascii=False, indent=1) + "\n"
+    write_atomic(task_dir / FILE, data.encode("utf-8"))
+
+
+def read(task_dir: Path) -> Outcome | None:
+    try:
+        obj = json.loads((task_dir / FILE).read_text(encoding="utf-8"))
+        return Outcome(**obj)
+    except (OSError, ValueError, TypeError):
+        return None

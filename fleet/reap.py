@@ -1,0 +1,158 @@
+"""fleet-reap ID: classify how an attempt ended and apply the policy to its task.
+
+Run as the unit's ExecStopPost, it reads the runner's outcome file (only if it belongs to this
+invocation and attempt), systemd's $SERVICE_RESULT / $EXIT_CODE / $EXIT_STATUS and the cgroup's
+OOM counter. The classification is one of OUTCOMES; the policy maps it to the task's next
+state with the retry and no-close limits. A person's close, block or cancel during the attempt
+always stands. Then it wakes fleet-claim, since a slot is free.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet import outcome as outcome_file
+from fleet import taskdir, wake
+from fleet.config import Config
+from fleet.errors import Conflict
+from fleet.host import owner
+from fleet.model import AttemptEnd, Status, Task
+from fleet.paths import Paths
+from fleet.store import Store
+from fleet.store.base import Count
+
+OUTCOMES = ("success", "noclose", "failure", "killed", "timeout", "oom", "watchdog", "lost")
+FAILURES = ("failure", "timeout", "oom", "watchdog", "lost")
+
+
+@dataclass(frozen=True)
+class Service:
+    """What systemd tells ExecStopPost about the main process."""
+
+    result: str  # success, exit-code, signal, timeout, watchdog, core-dump, …
+    code: str  # exited, killed, dumped
+    status: str  # exit status number or signal name
+    invocation: str
+    oom_kills: int
+
+    @classmethod
+    def from_env(cls) -> Service | None:
+        env = os.environ
+        if "SERVICE_RESULT" not in env:
+            return None
+        return cls(
+            env.get("SERVICE_RESULT", ""),
+            env.get("EXIT_CODE", ""),
+            env.get("EXIT_STATUS", ""),
+            env.get("INVOCATION_ID", ""),
+            oom_kills(),
+        )
+
+
+def oom_kills() -> int:
+    """The OOM-kill counter of our own cgroup (ExecStopPost runs in the unit's cgroup)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return 0
+    candidates: list[Path] = []
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            candidates.append(Path(f"/sys/fs/cgroup/memory{group}/memory.oom_control"))
+        elif controllers == "":
+            candidates.append(Path(f"/sys/fs/cgroup/unified{group}/memory.events"))
+            candidates.append(Path(f"/sys/fs/cgroup{group}/memory.events"))
+    for path in candidates:
+        try:
+            for row in path.read_text().splitlines():
+                key, _, value = row.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    return int(value)
+        except OSError:
+            continue
+    return 0
+
+
+def classify(
+    task: Task, found: outcome_file.Outcome | None, service: Service | None
+) -> tuple[str, str]:
+    """(outcome, reason) for the attempt that just ended."""
+    if service is not None:
+        if service.result == "watchdog":
+            return "watchdog", "the runner stopped answering the watchdog"
+        if service.result == "timeout":
+            return "timeout", "the attempt ran longer than its time limit"
+        if service.oom_kills:
+            return "oom", "out of memory"
+    if found is None:
+        if service is not None and service.code in ("killed", "dumped"):
+            return "killed", f"the runner was killed by SIG{service.status}"
+        return "lost", "the runner ended without recording an outcome"
+    if found.verdict == "success":
+        if task.status == Status.DONE or found.closes_on_success:
+            return "success", found.reason
+        return "noclose", "the agent finished without closing the task"
+    if found.verdict == "killed":
+        return "killed", found.stopped_by or found.reason
+    return "failure", found.reason or "failed"
+
+
+def policy(task: Task, kind: str, reason: str, config: Config) -> tuple[Status, str | None]:
+    """The task's next status and reason after an attempt classified as `kind`."""
+    if kind == "success":
+        return Status.DONE, task.reason or reason or None
+    if kind == "killed":
+        return Status.BLOCKED, f"stopped by a person ({reason})"
+    if kind == "noclose":
+        limit = config.get_int("noclose_limit")
+        if task.noclose + 1 >= limit:
+            return Status.BLOCKED, f"ended {task.noclose + 1} times without closing the task"
+        return Status.READY, reason
+    limit = config.get_int("retry_limit")
+    if task.failures + 1 >= limit:
+        return Status.BLOCKED, f"{kind}: {reason} (after {task.failures + 1} failed attempts)"
+    return Status.READY, f"{kind}: {reason}"
+
+
+def settle(paths: Paths, store: Store, config: Config, task_id: str) -> str | None:
+    """Reap the current attempt of `task_id`; the outcome, or None if there was nothing to."""
+    service = Service.from_env()
+    task = store.get(task_id)
+    found = outcome_file.read(taskdir.task_dir(paths, task_id))
+    if found is not None and (
+        found.attempt != task.attempts
+        or (service is not None and found.invocation != service.invocation)
+    ):
+        found = None  # an older attempt's file
+    if found is not None and found.verdict == "refused":
+        return None
+    if task.claimed_by != owner():
+        return None
+    kind, reason = classify(task, found, service)
+    status, why = policy(task, kind, reason, config)
+    count: Count | None = (
+        "failure" if kind in FAILURES else "noclose" if kind == "noclose" else None
+    )
+    end = AttemptEnd(
+        kind,
+        exit_status=found.exit_status if found else _exit_status(service),
+        tokens_in=found.tokens_in if found else None,
+        tokens_out=found.tokens_out if found else None,
+        cost=found.cost if found else None,
+        session_id=found.session if found else None,
+    )
+    try:
+        store.finish(task_id, owner(), end, status, why, count)
+    except Conflict:
+        return None  # someone else reaped it meanwhile
+    wake.poke(paths)
+    return kind
+
+
+def _exit_status(service: Service | None) -> int | None:
+    if service is not None and service.code == "exited" and service.status.isdigit():
+        return int(service.status)
+    return None

@@ -1,0 +1,370 @@
+"""fleet-run ID: one attempt of one task, from spawn to outcome file.
+
+The runner owns nothing but the attempt: it claims the task only when started by hand for a
+claimable task, spawns the coder in its own process group, turns every output line into events,
+keeps systemd informed (READY, STATUS, WATCHDOG), renews the lease, and stops the agent on
+SIGTERM or a `.kill` file. It ends by writing the outcome file; what that means for the task
+(done, retry, block) is fleet-reap's decision. The loop blocks in one select() on the agent's
+stdout, a pidfd, inotify and the signal pipe, so a silent agent costs no CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleet import coders, ids, outcome, taskdir
+from fleet.coders.base import Coder, Event, Kind, RunSpec, Tally, Verdict
+from fleet.config import Config, load
+from fleet.errors import Conflict, FleetError, InputError
+from fleet.events import MSG_ENDED, MSG_REFUSED, MSG_STARTED, Context, Sink
+from fleet.host import owner
+from fleet.journal import Journal, under_journald
+from fleet.model import Status, Task
+from fleet.notify import Notifier
+from fleet.paths import Paths, resolve
+from fleet.proc import child_env
+from fleet.redact import Redactor, secret_values
+from fleet.store import Store, open_store
+
+MAX_LINE = 8 << 20  # a longer line is cut here and the rest of it skipped, never buffered
+STATUS_EVERY = 0.25
+EXIT = {"success": 0, "failure": 1, "killed": 3, "refused": 4, "error": 5}
+
+
+def full_id(text: str) -> str:
+    task_id = ids.check_ref(text)
+    if not ids.is_full(task_id):
+        raise InputError(f"{text!r} is not a full task id", hint="fleet-run takes the whole id")
+    return task_id
+
+
+def take(store: Store, config: Config, task_id: str, me: str, under_systemd: bool) -> Task:
+    """The task, claimed for this attempt; Conflict if this runner may not run it."""
+    task = store.get(task_id)
+    if task.claimed_by == me and task.status != Status.READY:
+        if not under_systemd:
+            raise Conflict(
+                f"{task_id} is already running under systemd",
+                hint=f"follow it with `fleet logs -f {task_id}`",
+            )
+        return task
+    if task.claimed_by is None:
+        claimed = store.claim_task(
+            task_id,
+            me,
+            config.get_int("lease_seconds"),
+            config.get_str("default_coder"),
+            config.get_str("default_model"),
+        )
+        if claimed is not None:
+            return claimed
+        why = f"it is {task.status}" if task.status != Status.READY else "it waits on others"
+        raise Conflict(f"{task_id} is not claimable: {why}")
+    raise Conflict(f"{task_id} is claimed by {task.claimed_by}")
+
+
+@dataclass
+class Attempt:
+    task: Task
+    coder: Coder
+    sink: Sink
+    notifier: Notifier
+    store: Store
+    me: str
+    lease_s: float
+    grace: float
+    tally: Tally = field(default_factory=Tally)
+    stopped_by: str | None = None
+    kill_at: float | None = None
+    _partial: bytearray = field(default_factory=bytearray)
+    _skipping: bool = False
+
+    def status_line(self) -> str:
+        t = self.tally
+        parts = [self.task.coder or "?"]
+        if self.task.model:
+            parts.append(self.task.model)
+        parts.append(f"turns {t.turns}")
+        if t.tokens_in is not None or t.tokens_out is not None:
+            parts.append(f"tokens {t.tokens_in or 0}/{t.tokens_out or 0}")
+        if t.last_tool:
+            parts.append(f"last tool {t.last_tool}")
+        if self.stopped_by:
+            parts.append(f"stopping ({self.stopped_by})")
+        return " · ".join(parts)
+
+    def feed(self, chunk: bytes) -> None:
+        self._partial += chunk
+        if b"\n" not in chunk:
+            if len(self._partial) > MAX_LINE:
+                if not self._skipping:
+                    self.line(bytes(self._partial[:MAX_LINE]), truncated=True)
+                self._skipping = True
+                self._partial.clear()
+            return
+        *lines, rest = self._partial.split(b"\n")
+        self._partial = bytearray(rest)
+        for raw in lines:
+            if self._skipping:
+                self._skipping = False
+                continue
+            self.line(bytes(raw[:MAX_LINE]), truncated=len(raw) > MAX_LINE)
+
+    def flush(self) -> None:
+        if self._partial and not self._skipping:
+            self.line(bytes(self._partial[:MAX_LINE]), truncated=len(self._partial) > MAX_LINE)
+        self._partial.clear()
+
+    def line(self, raw: bytes, truncated: bool = False) -> None:
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        if not text.strip():
+            return
+        if truncated:
+            self.sink.emit(Event(Kind.RAW, text + f" [cut at {MAX_LINE} bytes]"), None)
+            return
+        try:
+            events = self.coder.parse(text)
+        except Exception as e:  # a parser bug must not end the attempt
+            events = (Event(Kind.RAW, text), Event(Kind.ERROR, f"cannot parse line: {e}"))
+        for event in events:
+            self.tally.add(event)
+            self.sink.emit(event, text)
+
+    def stop(self, why: str, pgid: int) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = why
+            self.kill_at = time.monotonic() + self.grace
+            signal_group(pgid, self.coder.stop_signal)
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signum)
+
+
+def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
+    from inotify_simple import INotify
+    from inotify_simple import flags as iflags
+
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    out_fd = proc.stdout.fileno()
+    os.set_blocking(out_fd, False)
+    sel.register(out_fd, selectors.EVENT_READ, "out")
+    pidfd = os.pidfd_open(proc.pid)
+    sel.register(pidfd, selectors.EVENT_READ, "exit")
+    inotify = INotify()
+    inotify.add_watch(directory, iflags.CREATE | iflags.MOVED_TO | iflags.ATTRIB)
+    sel.register(inotify.fileno(), selectors.EVENT_READ, "inotify")
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    old_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda *_: None)
+    sel.register(wake_r.fileno(), selectors.EVENT_READ, "signal")
+    watchdog = run.notifier.watchdog_interval()
+    now = time.monotonic()
+    next_ping = now if watchdog else float("inf")
+    next_renew = now + run.lease_s / 3
+    next_status = now
+    exited = eof = False
+    drain_until = float("inf")
+    if (directory / taskdir.KILL).exists():
+        run.stop("kill-file", proc.pid)
+    try:
+        while not (eof and exited):
+            now = time.monotonic()
+            wake_at = min(next_ping, next_renew, next_status, drain_until, run.kill_at or 1e18)
+            for key, _ in sel.select(max(0.0, wake_at - now)):
+                what = key.data
+                if what == "out":
+                    try:
+                        chunk = os.read(out_fd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    if chunk:
+                        run.feed(chunk)
+                    else:
+                        eof = True
+                        sel.unregister(out_fd)
+                elif what == "exit":
+                    exited = True
+                    sel.unregister(pidfd)
+                    proc.wait()
+                    # A tool still holding stdout open must not keep the attempt alive.
+                    drain_until = time.monotonic() + 1.0
+                elif what == "inotify":
+                    if any(e.name == taskdir.KILL for e in inotify.read(timeout=0)):
+                        run.stop("kill-file", proc.pid)
+                elif what == "signal":
+                    data = wake_r.recv(64)
+                    if data:
+                        run.stop(f"signal {signal.Signals(data[-1]).name}", proc.pid)
+            now = time.monotonic()
+            if now >= next_ping and watchdog:
+                run.notifier.ping()
+                next_ping = now + watchdog
+            if now >= next_status:
+                run.notifier.status(run.status_line())
+                next_status = now + STATUS_EVERY
+            if now >= next_renew:
+                next_renew = now + run.lease_s / 3
+                if not run.store.renew(run.task.id, run.me, run.lease_s):
+                    run.stop("lease-lost", proc.pid)
+            if run.kill_at is not None and now >= run.kill_at:
+                signal_group(proc.pid, signal.SIGKILL)
+                run.kill_at = None
+            if exited and not eof and now >= drain_until:
+                signal_group(proc.pid, signal.SIGKILL)
+                eof = True
+        run.flush()
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        sel.close()
+        os.close(pidfd)
+        inotify.close()
+        wake_r.close()
+        wake_w.close()
+    return proc.returncode
+
+
+def attempt(task_id: str) -> int:
+    paths = resolve()
+    config = load(paths)
+    store = open_store(paths)
+    try:
+        return _attempt(paths, config, store, task_id)
+    finally:
+        store.close()
+
+
+def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
+    invocation = os.environ.get("INVOCATION_ID", "")
+    journal = Journal() if under_journald() else None
+    me = owner()
+    directory = taskdir.task_dir(paths, task_id)
+    try:
+        task = take(store, config, task_id, me, bool(invocation))
+    except Conflict as e:
+        attempts = store.get(task_id).attempts
+        ctx = Context(task_id, attempts, "-", None)
+        Sink(ctx, Redactor(), journal).lifecycle(MSG_REFUSED, f"not started: {e.message}")
+        if invocation:
+            # Tell fleet-reap that this invocation started no attempt, so it changes nothing.
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            outcome.write(
+                directory,
+                outcome.Outcome(task_id, attempts, invocation, "refused", reason=e.message),
+            )
+        raise
+    coder_name = task.coder or config.get_str("default_coder")
+    ctx = Context(task.id, task.attempts, coder_name, task.model)
+    redact = Redactor(secret_values())
+    sink = Sink(ctx, redact, journal)
+    notifier = Notifier()
+    directory, artifacts = taskdir.prepare(paths, task)
+
+    def finish(verdict: str, reason: str, rc: int | None, tally: Tally, **kw: object) -> int:
+        result = outcome.Outcome(
+            task.id,
+            task.attempts,
+            invocation,
+            verdict,
+            reason=redact(reason),
+            exit_status=rc if rc is not None and rc >= 0 else None,
+            signal=signal.Signals(-rc).name if rc is not None and rc < 0 else None,
+            tokens_in=tally.tokens_in,
+            tokens_out=tally.tokens_out,
+            cost=tally.cost,
+            session=tally.session,
+            **kw,  # type: ignore[arg-type]
+        )
+        outcome.write(directory, result)
+        sink.lifecycle(
+            MSG_ENDED,
+            f"attempt {task.attempts} ended: {verdict}" + (f" ({result.reason})" if reason else ""),
+            {"FLEET_VERDICT": verdict},
+        )
+        notifier.send(status=f"ended: {verdict}", stopping=1)
+        return EXIT[verdict]
+
+    try:
+        coder = coders.get(config, coder_name)
+    except FleetError as e:
+        notifier.ready("not started")
+        return finish("error", e.message, None, Tally())
+    prompt = taskdir.compose_prompt(task, artifacts)
+    spec = RunSpec(
+        task.id,
+        task.attempts,
+        task.title,
+        task.description,
+        task.cwd,
+        task.model,
+        directory,
+        artifacts,
+        prompt,
+        taskdir.write_prompt(directory, prompt),
+    )
+    bindir = os.path.dirname(os.path.abspath(sys.argv[0]))
+    env = child_env(
+        {
+            **coder.environ(spec),
+            "FLEET_TASK_ID": task.id,
+            "FLEET_TASK_DIR": str(directory),
+            "FLEET_ARTIFACT_DIR": str(artifacts),
+            "FLEET_HOME": str(paths.home),
+            "PATH": bindir + os.pathsep + os.environ.get("PATH", os.defpath),
+        }
+    )
+    argv = coder.argv(spec)
+    try:
+        coder.prepare(spec)
+        proc = subprocess.Popen(
+            argv,
+            cwd=task.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as e:
+        notifier.ready("not started")
+        return finish("error", f"cannot start {argv[0]}: {e.strerror}", None, Tally())
+    run = Attempt(
+        task,
+        coder,
+        sink,
+        notifier,
+        store,
+        me,
+        float(config.get_int("lease_seconds")),
+        float(config.get_int("stop_grace_seconds")),
+    )
+    sink.lifecycle(
+        MSG_STARTED,
+        f"attempt {task.attempts} started: {coder_name} in {task.cwd} (pid {proc.pid})",
+        {"FLEET_PID": proc.pid},
+    )
+    notifier.ready(run.status_line())
+    rc = loop(run, proc, directory)
+    verdict = Verdict.KILLED if run.stopped_by else coder.verdict(rc, run.tally)
+    reason = run.stopped_by or run.tally.last_error or (f"exit status {rc}" if rc else "")
+    return finish(
+        str(verdict),
+        reason,
+        rc,
+        run.tally,
+        stopped_by=run.stopped_by,
+        closes_on_success=coder.closes_on_success,
+    )

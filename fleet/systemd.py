@@ -1,0 +1,56 @@
+"""The few systemctl calls fleet makes, in the scope (user or system) fleet runs in.
+
+fleet never talks D-Bus itself: systemctl is the stable interface in both scopes, and the same
+code then works on a developer's machine (`--user`) and on a server.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+from fleet.paths import Scope
+from fleet.proc import run
+
+ALIVE = ("active", "activating", "deactivating", "reloading", "refreshing")
+
+
+def unit(task_id: str) -> str:
+    return f"fleet-task@{task_id}.service"
+
+
+def current_scope() -> Scope:
+    return "system" if os.environ.get("FLEET_SCOPE") == "system" else "user"
+
+
+def systemctl(scope: Scope, *args: str, check: bool = True) -> str:
+    argv = ["systemctl", *(["--user"] if scope == "user" else []), *args]
+    return run(argv, check=check).stdout
+
+
+def start(scope: Scope, task_ids: Sequence[str]) -> None:
+    if task_ids:
+        systemctl(scope, "start", "--no-block", *(unit(t) for t in task_ids))
+
+
+def stop(scope: Scope, task_ids: Sequence[str], block: bool = True) -> None:
+    if task_ids:
+        args = () if block else ("--no-block",)
+        systemctl(scope, "stop", *args, *(unit(t) for t in task_ids))
+
+
+def states(scope: Scope, task_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """task id -> (ActiveState, StatusText) of its unit."""
+    ids = list(task_ids)
+    if not ids:
+        return {}
+    out = systemctl(
+        scope, "show", "-p", "Id,ActiveState,StatusText", *(unit(t) for t in ids), check=False
+    )
+    found: dict[str, tuple[str, str]] = {}
+    for block in out.split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        name = props.get("Id", "")
+        if name.startswith("fleet-task@") and name.endswith(".service"):
+            found[name[11:-8]] = (props.get("ActiveState", ""), props.get("StatusText", ""))
+    return found

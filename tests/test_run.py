@@ -1,0 +1,234 @@
+"""fleet-run by hand (foreground) and fleet-reap's policy, with real child processes.
+
+Outside systemd the runner prints events as JSON lines and settles the outcome itself, so the
+whole attempt cycle runs here without a service manager; the systemd tests cover the units.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Fleet, fleet_exe
+
+DEADLINE = 60.0
+
+
+def stream(path: Path, *items: object) -> str:
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    return path.name
+
+
+def run(task_id: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [fleet_exe("fleet-run"), task_id],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        env={**os.environ, **env},
+        check=False,
+    )
+
+
+def task(fleet: Fleet, task_id: str) -> dict[str, Any]:
+    obj = json.loads(fleet.ok("show", task_id, "--json"))
+    assert isinstance(obj, dict)
+    return obj
+
+
+def events(out: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_replayed_agent_closes_its_task(fleet: Fleet, project: Path) -> None:
+    name = stream(
+        project / "s.jsonl",
+        {"event": "session", "session": "sess-1"},
+        {"event": "text", "text": "looking"},
+        {"event": "tool_call", "tool": "Bash", "text": "ls"},
+        {"event": "usage", "tokens_in": 1200, "tokens_out": 30},
+        {"run": ["fleet", "close", "$FLEET_TASK_ID", "--reason", "fixed"]},
+        {"event": "result", "text": "done", "cost": 0.25},
+    )
+    tid = fleet.add("t", "--coder", "replay", "-d", name)
+    result = run(tid, project)
+    assert result.returncode == 0, result.stderr
+    seen = [(e["event"], e["text"]) for e in events(result.stdout)]
+    # `fleet close` prints the id on the agent's stdout: not an event, so kept as a raw line.
+    assert [k for k, _ in seen] == ["session", "text", "tool_call", "usage", "raw", "result"]
+    assert seen[4] == ("raw", tid)
+    shown = task(fleet, tid)
+    assert shown["status"] == "done" and shown["reason"] == "fixed"
+    (attempt,) = shown["attempt_log"]
+    assert attempt["outcome"] == "success" and attempt["session_id"] == "sess-1"
+    assert (attempt["tokens_in"], attempt["tokens_out"], attempt["cost"]) == (1200, 30, 0.25)
+    assert (Path(os.environ["FLEET_HOME"]) / "tasks" / tid / "prompt.md").exists()
+
+
+def test_command_coder_sees_the_task_environment(fleet: Fleet, project: Path) -> None:
+    script = (
+        'echo "id=$FLEET_TASK_ID notify=${NOTIFY_SOCKET:-none}"; '
+        'echo "dir=$FLEET_TASK_DIR art=$FLEET_ARTIFACT_DIR"; echo "pwd=$(pwd)"; '
+        'echo "pgid=$(ps -o pgid= $$) pid=$$"'
+    )
+    tid = fleet.add("env", "--coder", "command", "-d", script)
+    result = run(tid, project, NOTIFY_SOCKET="/run/nowhere")
+    assert result.returncode == 0, result.stderr
+    lines = [str(e["text"]) for e in events(result.stdout)]
+    home = Path(os.environ["FLEET_HOME"])
+    assert lines[0] == f"id={tid} notify=none"
+    assert lines[1] == f"dir={home / 'tasks' / tid} art={home / 'tasks' / tid / 'artifacts'}"
+    assert lines[2] == f"pwd={project}"
+    pgid, pid = (int(x.split("=")[1]) for x in lines[3].split())
+    assert pgid == pid  # the agent leads its own process group
+    assert task(fleet, tid)["status"] == "done"
+
+
+def test_failures_retry_then_block(fleet: Fleet, project: Path) -> None:
+    fleet.ok("config", "set", "retry_limit=2")
+    tid = fleet.add("fails", "--coder", "command", "-d", "echo boom >&2; exit 3")
+    first = run(tid, project)
+    assert first.returncode == 1
+    shown = task(fleet, tid)
+    assert (shown["status"], shown["failures"]) == ("ready", 1)
+    assert shown["reason"] == "failure: exit status 3"
+    run(tid, project)
+    shown = task(fleet, tid)
+    assert shown["status"] == "blocked" and "after 2 failed attempts" in str(shown["reason"])
+    assert [a["exit_status"] for a in shown["attempt_log"]] == [3, 3]
+    fleet.ok("retry", tid)
+    assert task(fleet, tid)["failures"] == 0
+
+
+def test_success_without_close_requeues_then_blocks(fleet: Fleet, project: Path) -> None:
+    fleet.ok("config", "set", "noclose_limit=2")
+    name = stream(project / "s.jsonl", {"event": "result", "text": "all good"})
+    tid = fleet.add("forgets", "--coder", "replay", "-d", name)
+    run(tid, project)
+    assert (task(fleet, tid)["status"], task(fleet, tid)["noclose"]) == ("ready", 1)
+    run(tid, project)
+    shown = task(fleet, tid)
+    assert shown["status"] == "blocked" and "without closing" in str(shown["reason"])
+
+
+def test_a_result_error_is_a_failure_even_with_exit_0(fleet: Fleet, project: Path) -> None:
+    name = stream(project / "s.jsonl", {"event": "result", "text": "api 500", "is_error": True})
+    tid = fleet.add("t", "--coder", "replay", "-d", name)
+    assert run(tid, project).returncode == 1
+    assert task(fleet, tid)["failures"] == 1
+
+
+def start(tid: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [fleet_exe("fleet-run"), tid],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def first_event(proc: subprocess.Popen[str]) -> dict[str, object]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the agent has really started
+    assert line, proc.stderr.read() if proc.stderr else ""
+    obj = json.loads(line)
+    assert isinstance(obj, dict)
+    return obj
+
+
+def test_kill_file_stops_the_agent(fleet: Fleet, project: Path, home: Path) -> None:
+    name = stream(project / "s.jsonl", {"event": "text", "text": "working"}, {"sleep": 600})
+    tid = fleet.add("long", "--coder", "replay", "-d", name)
+    proc = start(tid, project)
+    assert first_event(proc)["text"] == "working"
+    (home / "tasks" / tid / ".kill").touch()
+    assert proc.wait(timeout=DEADLINE) == 3
+    shown = task(fleet, tid)
+    assert shown["status"] == "blocked" and "stopped by a person" in str(shown["reason"])
+    assert shown["attempt_log"][0]["outcome"] == "killed"
+
+
+@pytest.mark.parametrize("ignores_term", [False, True])
+def test_sigterm_is_forwarded_and_a_stubborn_agent_is_killed(
+    fleet: Fleet, project: Path, ignores_term: bool
+) -> None:
+    fleet.ok("config", "set", "stop_grace_seconds=1")
+    items: list[object] = [{"event": "text", "text": "up"}, {"sleep": 600}]
+    if ignores_term:
+        items.insert(0, {"ignore": "TERM"})
+    tid = fleet.add("stubborn", "--coder", "replay", "-d", stream(project / "s.jsonl", *items))
+    proc = start(tid, project)
+    first_event(proc)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=DEADLINE) == 3
+    elapsed = time.monotonic() - started
+    shown = task(fleet, tid)
+    assert shown["attempt_log"][0]["outcome"] == "killed"
+    if ignores_term:
+        assert elapsed >= 1.0  # it had its grace period, then SIGKILL
+    assert "signal SIGTERM" in str(shown["reason"])
+
+
+def test_garbage_and_gigantic_lines_are_survived(fleet: Fleet, project: Path) -> None:
+    script = project / "noisy.py"
+    script.write_text(
+        "import sys\n"
+        "out = sys.stdout.buffer\n"
+        "out.write(b'\\xff\\xfe\\x00 not utf8\\n')\n"
+        "out.write(b'x' * (20 << 20) + b'\\n')\n"
+        "out.write(b'after the big one\\n')\n"
+        "out.write(b'no newline at the end')\n"
+    )
+    tid = fleet.add("noisy", "--coder", "command", "-d", f"python3 {script}")
+    result = run(tid, project)
+    assert result.returncode == 0, result.stderr[-2000:]
+    texts = [str(e["text"]) for e in events(result.stdout)]
+    assert texts[0].endswith("not utf8") and "\ufffd" in texts[0]
+    assert len(texts[1]) < (9 << 20) and texts[1].endswith("[cut at 8388608 bytes]")
+    assert texts[2:] == ["after the big one", "no newline at the end"]
+
+
+def test_secrets_are_redacted(fleet: Fleet, project: Path) -> None:
+    tid = fleet.add(
+        "leaky",
+        "--coder",
+        "command",
+        "-d",
+        'echo "key=$MY_API_TOKEN"; echo "Authorization: Bearer abcdefghijkl123"',
+    )
+    result = run(tid, project, MY_API_TOKEN="s3cr3t-value-42")
+    texts = [str(e["text"]) for e in events(result.stdout)]
+    assert texts == ["key=[REDACTED]", "Authorization: Bearer [REDACTED]"]
+
+
+def test_unclaimable_task_changes_nothing(fleet: Fleet, project: Path) -> None:
+    dep = fleet.add("dep")
+    tid = fleet.add("waits", "--coder", "command", "-d", "true", "--after", dep)
+    before = task(fleet, tid)
+    result = run(tid, project)
+    assert result.returncode == 4 and "not claimable: it waits on others" in result.stderr
+    assert task(fleet, tid) == before
+    bad = run("fl-../x", project)
+    assert bad.returncode == 2 and "not a task id" in bad.stderr
+
+
+def test_a_coder_that_cannot_run_counts_as_a_failure(fleet: Fleet, project: Path) -> None:
+    tid = fleet.add("t", "--coder", "command", "-d", "true", "--cwd", str(project))
+    gone = project / "gone"
+    gone.mkdir()
+    fleet.ok("edit", tid, "--cwd", str(gone))
+    gone.rmdir()
+    result = run(tid, project)
+    assert result.returncode == 5
+    shown = task(fleet, tid)
+    assert shown["failures"] == 1 and "cannot start" in str(shown["reason"])
