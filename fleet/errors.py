@@ -54,6 +54,12 @@ class NotYet(FleetError):
     exit_code = 69  # EX_UNAVAILABLE from sysexits.h
 
 
+class TimedOut(FleetError):
+    """A wait ran out of time (the status timeout(1) uses)."""
+
+    exit_code = 124
+
+
 # The documented exit statuses, in one place, for fleet(1) and the README.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "success"),
@@ -64,5 +70,6 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (ConfigError.exit_code, "unusable configuration"),
     (StoreError.exit_code, "the task store cannot be used"),
     (NotYet.exit_code, "command not implemented yet"),
+    (TimedOut.exit_code, "timed out (fleet wait --timeout)"),
     (130, "interrupted"),
 )

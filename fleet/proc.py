@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from fleet.errors import FleetError
 
@@ -53,3 +53,25 @@ def run(
         last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
         raise FleetError(f"{' '.join(argv[:2])} failed: {last}")
     return result
+
+
+def stream(argv: Sequence[str]) -> Iterator[str]:
+    """The lines a long-running program prints (journalctl -f), until it exits or we stop."""
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env=child_env(),
+            text=True,
+            errors="replace",
+        )
+    except FileNotFoundError:
+        raise FleetError(f"{argv[0]} is not installed or not on PATH") from None
+    assert proc.stdout is not None
+    try:
+        yield from proc.stdout
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait()

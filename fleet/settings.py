@@ -133,9 +133,58 @@ SETTINGS: tuple[Setting, ...] = (
         3600,
     ),
     Setting(
+        "task_timeout_seconds",
+        "int",
+        0,
+        "Longest an attempt may run before systemd stops it (RuntimeMaxSec=); 0 for no limit."
+        " Applied by `fleet setup`.",
+        0,
+        30 * 86400,
+    ),
+    Setting(
+        "watchdog_seconds",
+        "int",
+        60,
+        "How long a runner may go without answering systemd's watchdog before its attempt is"
+        " killed (WatchdogSec=). Applied by `fleet setup`.",
+        5,
+        86400,
+    ),
+    Setting(
+        "task_memory_max",
+        "str",
+        "",
+        "Memory limit of one attempt's whole process tree (MemoryMax=, e.g. 4G); empty for"
+        " none. Exceeding it ends the attempt as out of memory. Applied by `fleet setup`.",
+    ),
+    Setting(
+        "slice_memory_max",
+        "str",
+        "",
+        "Memory limit for all agents together (MemoryMax= of fleet.slice, e.g. 16G); empty for"
+        " none. Applied by `fleet setup`.",
+    ),
+    Setting(
+        "slice_cpu_quota_pct",
+        "int",
+        0,
+        "CPU limit for all agents together, in percent of one core (CPUQuota=); 0 for none."
+        " Applied by `fleet setup`.",
+        0,
+        100_000,
+    ),
+    Setting(
+        "slice_tasks_max",
+        "int",
+        0,
+        "Process limit for all agents together (TasksMax=); 0 for none. Applied by `fleet setup`.",
+        0,
+        10_000_000,
+    ),
+    Setting(
         "lease_seconds",
         "int",
-        300,
+        60,
         "How long a claim holds without being renewed by its runner before the task is recovered.",
         10,
         86400,

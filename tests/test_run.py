@@ -77,7 +77,7 @@ def test_command_coder_sees_the_task_environment(fleet: Fleet, project: Path) ->
     script = (
         'echo "id=$FLEET_TASK_ID notify=${NOTIFY_SOCKET:-none}"; '
         'echo "dir=$FLEET_TASK_DIR art=$FLEET_ARTIFACT_DIR"; echo "pwd=$(pwd)"; '
-        'echo "pgid=$(ps -o pgid= $$) pid=$$"'
+        'echo "pgid=$(ps -o pgid= $$ | tr -d " ") pid=$$"'
     )
     tid = fleet.add("env", "--coder", "command", "-d", script)
     result = run(tid, project, NOTIFY_SOCKET="/run/nowhere")

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleet.cli import add, change, config_cmd, listing  # noqa: F401  (they register commands)
+from fleet.cli import (  # noqa: F401  (they register commands)
+    add,
+    change,
+    config_cmd,
+    control,
+    listing,
+    logs,
+    setup,
+)
 from fleet.cli.app import cli, run
 
 __all__ = ["cli", "main"]

@@ -107,6 +107,9 @@ def add(
         if not lines:
             raise
         raise InputError(f"{source} line {lines[e.index]}: {e.message}", e.hint) from None
+    from fleet import wake
+
+    wake.poke(app.paths)
     out = fmt_of(fmt)
     if out == "table":
         sys.stdout.write("".join(t.id + "\n" for t in tasks))

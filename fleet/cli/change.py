@@ -124,7 +124,11 @@ def block(app: App, task_id: str, reason: str, as_json: bool) -> None:
 @pass_app
 def retry(app: App, task_id: str, as_json: bool) -> None:
     """Put a blocked, done or cancelled task back to ready, with its counters reset."""
-    _done(app.store.retry(task_id), as_json)
+    from fleet import wake
+
+    task = app.store.retry(task_id)
+    wake.poke(app.paths)
+    _done(task, as_json)
 
 
 @cli.command()
@@ -133,7 +137,12 @@ def retry(app: App, task_id: str, as_json: bool) -> None:
 @json_option
 @pass_app
 def cancel(app: App, task_id: str, reason: str | None, as_json: bool) -> None:
-    """Withdraw a task: it is never claimed again unless retried."""
-    from fleet import inputs
+    """Withdraw a task: it is never claimed again unless retried. A running attempt is
+    stopped."""
+    from fleet import inputs, systemd
 
-    _done(app.store.cancel(task_id, inputs.reason(reason) if reason else None), as_json)
+    task = app.store.cancel(task_id, inputs.reason(reason) if reason else None)
+    if task.claimed_by is not None:
+        systemd.stop(app.paths.scope, [task.id])
+        task = app.store.get(task.id)
+    _done(task, as_json)

@@ -1,0 +1,90 @@
+"""`fleet kill`, `pause`, `resume` and `wait`: steer running work."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from fleet.cli.app import TASK, App, cli, pass_app
+from fleet.errors import Conflict, TimedOut
+from fleet.model import Status, Task
+
+
+@cli.command()
+@click.argument("task_ids", metavar="ID...", nargs=-1, required=True, type=TASK)
+@click.option("--no-block", is_flag=True, help="Return at once instead of waiting for the stop.")
+@pass_app
+def kill(app: App, task_ids: tuple[str, ...], no_block: bool) -> None:
+    """Stop running tasks: the whole process tree of each agent ends, and the task is blocked
+    as stopped by a person.
+    """
+    from fleet import systemd
+
+    idle = [t for t in task_ids if app.store.get(t).claimed_by is None]
+    if idle:
+        raise Conflict(f"not running: {' '.join(idle)}", hint="only running tasks can be killed")
+    systemd.stop(app.paths.scope, list(task_ids), block=not no_block)
+
+
+@cli.command()
+@click.option("-r", "--reason", help="Why, for `fleet ls` and the log.")
+@pass_app
+def pause(app: App, reason: str | None) -> None:
+    """Stop starting new tasks; running tasks go on."""
+    app.store.set_gate("pause", None, reason)
+
+
+@cli.command()
+@pass_app
+def resume(app: App) -> None:
+    """Start tasks again after `fleet pause`."""
+    from fleet import wake
+
+    app.store.clear_gate("pause")
+    wake.poke(app.paths)
+
+
+def _settled(task: Task) -> bool:
+    return task.status in (Status.DONE, Status.CANCELLED, Status.BLOCKED) and not task.claimed_by
+
+
+@cli.command("wait")
+@click.argument("task_ids", metavar="ID...", nargs=-1, required=True, type=TASK)
+@click.option("-t", "--timeout", type=click.FloatRange(min=0), help="Give up after SECONDS.")
+@pass_app
+def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
+    """Wait until each task is done, cancelled or blocked.
+
+    Exits 0 if all are done, 1 if any was cancelled or blocked, 124 on timeout. It sleeps on
+    inotify events of the store, so it costs nothing while it waits.
+    """
+    from inotify_simple import INotify
+    from inotify_simple import flags as iflags
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    tty = sys.stderr.isatty()
+    inotify = INotify()
+    inotify.add_watch(app.paths.home, iflags.MODIFY | iflags.CREATE | iflags.MOVED_TO)
+    try:
+        while True:
+            tasks = [app.store.get(t) for t in task_ids]
+            settled = [t for t in tasks if _settled(t)]
+            if tty:
+                done = sum(t.status == Status.DONE for t in settled)
+                sys.stderr.write(f"\r{len(settled)}/{len(tasks)} settled, {done} done ")
+            if len(settled) == len(tasks):
+                if tty:
+                    sys.stderr.write("\n")
+                return 0 if all(t.status == Status.DONE for t in tasks) else 1
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                if tty:
+                    sys.stderr.write("\n")
+                waiting = " ".join(t.id for t in tasks if not _settled(t))
+                raise TimedOut(f"timed out waiting for {waiting}")
+            # Every store write touches fleet.db-wal in this directory.
+            inotify.read(timeout=None if left is None else int(left * 1000) + 1)
+    finally:
+        inotify.close()

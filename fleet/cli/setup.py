@@ -1,0 +1,182 @@
+"""`fleet setup` and `fleet doctor`: install fleet's systemd units, and check the installation."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from fleet.cli.app import App, cli, pass_app
+from fleet.errors import FleetError
+from fleet.output import emit_objects, emit_table, fmt_of, output_options
+from fleet.paths import Scope
+
+scope_options = (
+    click.option("--user", "scope", flag_value="user", help="Your own units (systemctl --user)."),
+    click.option("--system", "scope", flag_value="system", help="System units (a server)."),
+)
+
+
+def _scope(app: App, scope: str | None) -> Scope:
+    chosen: Scope = "system" if (scope or app.scope) == "system" else "user"
+    app.scope = chosen  # the paths must follow the scope chosen here
+    return chosen
+
+
+def _bindir() -> Path:
+    here = Path(sys.argv[0]).absolute().parent
+    if not os.access(here / "fleet-run", os.X_OK):
+        raise FleetError(
+            f"no fleet-run next to {sys.argv[0]}",
+            hint="run the fleet installed by pip, whose programs sit in one directory",
+        )
+    return here
+
+
+@cli.command()
+@scope_options[0]
+@scope_options[1]
+@click.option("--run-as", metavar="USER", help="With --system: run agents as this user.")
+@click.option("-n", "--dry-run", is_flag=True, help="Print the units instead of installing them.")
+@click.option("--uninstall", is_flag=True, help="Stop, disable and remove fleet's units.")
+@pass_app
+def setup(app: App, scope: str | None, run_as: str | None, dry_run: bool, uninstall: bool) -> None:
+    """Install fleet's systemd units and start the dispatcher.
+
+    Renders fleet-task@.service, fleet.slice and fleet-claim.{service,path,timer} with the
+    absolute paths of these programs and the FLEET_HOME in use, reloads systemd, and enables
+    the path and timer units. Running it again updates them; it is always safe.
+    """
+    from fleet import systemd
+    from fleet.paths import ensure_dir
+    from fleet.units import ENABLED, Install, render, unit_dir
+
+    chosen = _scope(app, scope)
+    inst = Install(chosen, app.paths, _bindir(), run_as)
+    target = unit_dir(chosen)
+    units = render(inst, app.config)
+    if dry_run:
+        for name, text in units.items():
+            click.echo(f"# {target / name}\n{text}")
+        return
+    if uninstall:
+        systemd.systemctl(chosen, "disable", "--now", *ENABLED, check=False)
+        for name in units:
+            (target / name).unlink(missing_ok=True)
+        systemd.systemctl(chosen, "daemon-reload")
+        click.echo(f"removed fleet's units from {target}")
+        return
+    from fleet.fsutil import write_atomic
+
+    ensure_dir(app.paths.home)
+    target.mkdir(parents=True, exist_ok=True)
+    for name, text in units.items():
+        write_atomic(target / name, text.encode(), mode=0o644)
+    systemd.systemctl(chosen, "daemon-reload")
+    systemd.systemctl(chosen, "enable", "--now", *ENABLED)
+    click.echo(f"installed {len(units)} units in {target}; fleet-claim.path and .timer enabled")
+
+
+def checks(app: App, scope: Scope) -> list[tuple[bool, str, str, str]]:
+    """(ok, what, detail, fix) for each thing fleet needs."""
+    from fleet import systemd
+    from fleet.config import load
+    from fleet.store import open_store
+    from fleet.units import ENABLED, Install, render, unit_dir
+
+    results: list[tuple[bool, str, str, str]] = []
+    flag = " --user" if scope == "user" else ""
+    try:
+        state = systemd.systemctl(scope, "is-system-running", check=False).strip()
+        ok = state in ("running", "degraded", "starting", "initializing")
+        fix = "start a user session (loginctl enable-linger) or use --system"
+        results.append((ok, "systemd", f"{scope} manager: {state or 'unreachable'}", fix))
+    except FleetError as e:
+        results.append((False, "systemd", e.message, "install systemd"))
+    home = app.paths.home
+    try:
+        st = home.stat()
+        private = st.st_mode & 0o077 == 0 and st.st_uid == os.getuid()
+        writable = os.access(home, os.W_OK)
+        detail = f"{home} ({oct(st.st_mode & 0o777)})"
+        results.append((private and writable, "home", detail, f"chmod 700 {home}"))
+    except OSError as e:
+        results.append((False, "home", f"{home}: {e.strerror}", "run fleet setup"))
+    try:
+        config = load(app.paths, app.overrides)
+        results.append((True, "config", str(config.path), ""))
+    except FleetError as e:
+        results.append((False, "config", e.message, e.hint or "fix the file"))
+        return results
+    try:
+        store = open_store(app.paths)
+        store.close()
+        results.append((True, "store", str(app.paths.db), ""))
+    except FleetError as e:
+        results.append((False, "store", e.message, e.hint or ""))
+    try:
+        bindir = _bindir()
+        target = unit_dir(scope)
+        for name, text in render(Install(scope, app.paths, bindir), config).items():
+            path = target / name
+            current = path.read_text() if path.exists() else None
+            state = "installed" if current == text else "missing" if current is None else "outdated"
+            results.append((state == "installed", "unit", f"{path} {state}", f"fleet setup{flag}"))
+    except FleetError as e:
+        results.append((False, "unit", e.message, e.hint or ""))
+    enabled = systemd.systemctl(scope, "is-enabled", *ENABLED, check=False).split()
+    for name, state in zip(ENABLED, enabled + [""] * len(ENABLED), strict=False):
+        fix = f"fleet setup{flag}"
+        results.append((state == "enabled", "enabled", f"{name}: {state or 'unknown'}", fix))
+    from fleet import coders
+
+    names = {config.get_str("default_coder")}
+    names |= {k.split(".")[1] for k in config.values if k.startswith("coders.")}
+    for name in sorted(names):
+        known = coders.classes().get(name)
+        if known is None:
+            fix = "it arrives with a later fleet version; choose another default_coder"
+            results.append((False, "coder", f"{name}: not supported yet", fix))
+            continue
+        binary = coders.settings_for(config, name).binary or known.default_binary
+        found = shutil.which(binary)
+        fix = f"install it, or set coders.{name}.binary"
+        results.append(
+            (found is not None, "coder", f"{name}: {found or binary + ' not found'}", fix)
+        )
+    return results
+
+
+@cli.command()
+@scope_options[0]
+@scope_options[1]
+@output_options
+@pass_app
+def doctor(app: App, scope: str | None, fmt: str | None) -> int:
+    """Check that fleet can run here: systemd, units, state directory, configuration, coders.
+
+    Prints one line per check with a fix for each failure; exits 1 if any check failed.
+    """
+    chosen = _scope(app, scope)
+    results = checks(app, chosen)
+    out = fmt_of(fmt)
+    if out == "table":
+        emit_table(
+            ("", "CHECK", "DETAIL", "FIX"),
+            [
+                ("ok" if ok else "FAIL", what, detail, "" if ok else fix)
+                for ok, what, detail, fix in results
+            ],
+        )
+    else:
+        emit_objects(
+            (
+                {"ok": ok, "check": what, "detail": detail, "fix": fix}
+                for ok, what, detail, fix in results
+            ),
+            out,
+        )
+    return 0 if all(ok for ok, *_ in results) else 1

@@ -1,0 +1,135 @@
+"""The systemd units of fleet, rendered for one installation (scope, FLEET_HOME, programs).
+
+Invariant: the units are text produced here from the configuration and the paths in use, so
+`fleet setup` installs exactly what `fleet doctor` compares against, and `systemd/` in the
+repository holds the same text rendered for a conventional /usr/bin install (checked by a test).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet import __version__
+from fleet.config import Config
+from fleet.paths import Paths, Scope
+
+STAMP = f"# Installed by fleet {__version__} (fleet setup); re-run `fleet setup` after changes."
+# Every instance logs its whole transcript: far above journald's default 10,000 per 30 s.
+LOG_BURST = 1_000_000
+
+
+@dataclass(frozen=True)
+class Install:
+    scope: Scope
+    paths: Paths
+    bindir: Path
+    run_as: str | None = None
+
+
+def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
+    env = dict(os.environ) if env is None else env
+    if scope == "system":
+        return Path("/etc/systemd/system")
+    base = env.get("XDG_CONFIG_HOME", "")
+    root = Path(base) if base and os.path.isabs(base) else Path(env.get("HOME", "~")) / ".config"
+    return root.expanduser() / "systemd" / "user"
+
+
+def _environment(inst: Install) -> str:
+    return f'Environment="FLEET_HOME={inst.paths.home}" "FLEET_SCOPE={inst.scope}"'
+
+
+def render(inst: Install, config: Config) -> dict[str, str]:
+    """Unit file name -> content."""
+    home, bindir = inst.paths.home, inst.bindir
+    target = "default.target" if inst.scope == "user" else "multi-user.target"
+    grace = config.get_int("stop_grace_seconds")
+    timeout = config.get_int("task_timeout_seconds")
+    memory = config.get_str("slice_memory_max") or "infinity"
+    cpu = config.get_int("slice_cpu_quota_pct")
+    tasks = config.get_int("slice_tasks_max")
+    user = [f"User={inst.run_as}"] if inst.run_as and inst.scope == "system" else []
+    units = {
+        "fleet-task@.service": [
+            "[Unit]",
+            "Description=fleet task %i",
+            "Documentation=man:fleet-run(1) man:fleet-reap(1) man:fleet(1)",
+            "StartLimitIntervalSec=0",
+            "",
+            "[Service]",
+            "Type=notify",
+            "NotifyAccess=main",
+            _environment(inst),
+            *user,
+            f"ExecStart={bindir}/fleet-run %i",
+            f"ExecStopPost={bindir}/fleet-reap %i",
+            "Slice=fleet.slice",
+            "KillMode=control-group",
+            "TimeoutStartSec=60",
+            f"TimeoutStopSec={grace + 15}",
+            f"WatchdogSec={config.get_int('watchdog_seconds')}",
+            f"RuntimeMaxSec={timeout or 'infinity'}",
+            f"MemoryMax={config.get_str('task_memory_max') or 'infinity'}",
+            "LogRateLimitIntervalSec=1s",
+            f"LogRateLimitBurst={LOG_BURST}",
+            "Restart=no",
+        ],
+        "fleet.slice": [
+            "[Unit]",
+            "Description=fleet agents",
+            "Documentation=man:fleet(1)",
+            "",
+            "[Slice]",
+            f"MemoryMax={memory}",
+            f"CPUQuota={cpu}%" if cpu else "CPUQuota=",
+            f"TasksMax={tasks or 'infinity'}",
+        ],
+        "fleet-claim.service": [
+            "[Unit]",
+            "Description=fleet dispatch pass",
+            "Documentation=man:fleet-claim(1)",
+            "StartLimitIntervalSec=0",
+            "",
+            "[Service]",
+            "Type=oneshot",
+            _environment(inst),
+            *user,
+            f"ExecStart={bindir}/fleet-claim --quiet",
+        ],
+        "fleet-claim.path": [
+            "[Unit]",
+            "Description=fleet dispatch on new work or new configuration",
+            "Documentation=man:fleet-claim(1)",
+            "",
+            "[Path]",
+            # Level-triggered: a poke made during a pass starts another one.
+            f"DirectoryNotEmpty={home}/wake",
+            f"PathChanged={inst.paths.config_file}",
+            "MakeDirectory=yes",
+            "DirectoryMode=0700",
+            "Unit=fleet-claim.service",
+            "",
+            "[Install]",
+            f"WantedBy={target}",
+        ],
+        "fleet-claim.timer": [
+            "[Unit]",
+            "Description=fleet dispatch safety net (lease expiry, rate-limit resets)",
+            "Documentation=man:fleet-claim(1)",
+            "",
+            "[Timer]",
+            "OnActiveSec=10s",
+            "OnUnitActiveSec=30s",
+            "AccuracySec=1s",
+            "Unit=fleet-claim.service",
+            "",
+            "[Install]",
+            f"WantedBy={target}",
+        ],
+    }
+    return {name: STAMP + "\n" + "\n".join(lines) + "\n" for name, lines in units.items()}
+
+
+ENABLED = ("fleet-claim.path", "fleet-claim.timer")
