@@ -22,7 +22,6 @@ PRIORITY = {Kind.ERROR: 3, Kind.RATE_LIMIT: 4, Kind.RETRY: 4, Kind.RAW: 6}
 # MESSAGE_IDs of lifecycle entries, explained by the catalog (systemd/fleet.catalog).
 MSG_STARTED = "ff162ac1b9fe420e8fea69f54c0b0a1c"
 MSG_ENDED = "7343cb85b5de44e6ab65578c11f6d67f"
-MSG_OUTCOME = "ca8f0dd63c544669ab87aa94dcefc057"
 MSG_REFUSED = "b473d560933a497d9ca056071cfba65a"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from fleet.paths import Scope
+from fleet.paths import Paths, Scope
 from fleet.proc import run
 
 ALIVE = ("active", "activating", "deactivating", "reloading", "refreshing")
@@ -21,6 +21,21 @@ def unit(task_id: str) -> str:
 
 def current_scope() -> Scope:
     return "system" if os.environ.get("FLEET_SCOPE") == "system" else "user"
+
+
+SCOPE_FILE = "scope"
+
+
+def scope_for(paths: Paths) -> Scope:
+    """The scope whose units run this queue: as `fleet setup` recorded it in FLEET_HOME,
+    unless FLEET_SCOPE or --system says otherwise."""
+    if os.environ.get("FLEET_SCOPE") or paths.scope == "system":
+        return paths.scope
+    try:
+        recorded = (paths.home / SCOPE_FILE).read_text().strip()
+    except OSError:
+        return paths.scope
+    return "system" if recorded == "system" else "user"
 
 
 def systemctl(scope: Scope, *args: str, check: bool = True) -> str:

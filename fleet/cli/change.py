@@ -143,6 +143,6 @@ def cancel(app: App, task_id: str, reason: str | None, as_json: bool) -> None:
 
     task = app.store.cancel(task_id, inputs.reason(reason) if reason else None)
     if task.claimed_by is not None:
-        systemd.stop(app.paths.scope, [task.id])
+        systemd.stop(systemd.scope_for(app.paths), [task.id])
         task = app.store.get(task.id)
     _done(task, as_json)

@@ -25,7 +25,7 @@ def kill(app: App, task_ids: tuple[str, ...], no_block: bool) -> None:
     idle = [t for t in task_ids if app.store.get(t).claimed_by is None]
     if idle:
         raise Conflict(f"not running: {' '.join(idle)}", hint="only running tasks can be killed")
-    systemd.stop(app.paths.scope, list(task_ids), block=not no_block)
+    systemd.stop(systemd.scope_for(app.paths), list(task_ids), block=not no_block)
 
 
 @cli.command()

@@ -29,8 +29,27 @@ def _state(task: Task) -> str:
     return str(task.status)
 
 
-def _table(tasks: Iterable[Task]) -> None:
+def live_units(app: App, tasks: Iterable[Task]) -> dict[str, tuple[str, str]]:
+    """(ActiveState, status line) of the units of claimed tasks; empty without systemd."""
+    from fleet import systemd
+    from fleet.errors import FleetError
+
+    claimed = [t.id for t in tasks if t.claimed_by]
+    try:
+        return systemd.states(systemd.scope_for(app.paths), claimed) if claimed else {}
+    except FleetError:
+        return {}
+
+
+def _table(app: App, tasks: Iterable[Task]) -> None:
     from fleet.timeutil import ago
+
+    tasks = list(tasks)
+    units = live_units(app, tasks)
+
+    def unit(t: Task) -> str:
+        state, status = units.get(t.id, ("", ""))
+        return shorten(f"{state}: {status}" if status else state, 50) if state else "-"
 
     rows = [
         (
@@ -39,11 +58,12 @@ def _table(tasks: Iterable[Task]) -> None:
             t.priority,
             t.coder or "-",
             ago(t.updated_at),
-            shorten(t.title, 60),
+            shorten(t.title, 50),
+            unit(t),
         )
         for t in tasks
     ]
-    emit_table(("ID", "STATUS", "P", "CODER", "UPDATED", "TITLE"), rows)
+    emit_table(("ID", "STATUS", "P", "CODER", "UPDATED", "TITLE", "UNIT"), rows)
 
 
 @cli.command("ls")
@@ -80,7 +100,7 @@ def ls(
     )
     out = fmt_of(fmt)
     if out == "table":
-        _table(app.store.tasks(flt))
+        _table(app, app.store.tasks(flt))
     else:
         emit_json_texts(app.store.list_json(flt), out)
 
@@ -98,7 +118,7 @@ def ready(app: App, limit: int | None, fmt: str | None) -> None:
     tasks = app.store.ready(limit)
     out = fmt_of(fmt)
     if out == "table":
-        _table(tasks)
+        _table(app, tasks)
     else:
         emit_objects((t.to_json() for t in tasks), out)
 
@@ -124,6 +144,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
     if task.waiting_on:
         state += " on " + ", ".join(task.waiting_on)
     claim = f"{task.claimed_by} until {task.lease_until}" if task.claimed_by else None
+    unit_state, unit_status = live_units(app, [task]).get(task.id, ("", ""))
     emit_pairs(
         [
             ("id", task.id),
@@ -139,6 +160,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("parent", opt(task.parent)),
             ("attempts", f"{task.attempts} (failures {task.failures}, no-close {task.noclose})"),
             ("claim", opt(claim)),
+            ("unit", opt(f"{unit_state}: {unit_status}" if unit_state else "")),
             ("created", task.created_at),
             ("updated", task.updated_at),
             ("started", opt(task.started_at)),

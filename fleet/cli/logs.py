@@ -97,7 +97,8 @@ def logs(
     if lines is not None:
         argv.append(f"--lines={lines}")
     if follow:
-        argv.append("--follow")
+        # Alone, journalctl --follow starts with the last 10 entries; --no-tail shows them all.
+        argv += ["--follow"] if lines is not None else ["--follow", "--no-tail"]
     argv.append(f"FLEET_TASK_ID={task_id}")
     if attempt is not None:
         argv.append(f"FLEET_ATTEMPT={attempt}")

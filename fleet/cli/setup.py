@@ -72,6 +72,7 @@ def setup(app: App, scope: str | None, run_as: str | None, dry_run: bool, uninst
     from fleet.fsutil import write_atomic
 
     ensure_dir(app.paths.home)
+    write_atomic(app.paths.home / systemd.SCOPE_FILE, f"{chosen}\n".encode())
     target.mkdir(parents=True, exist_ok=True)
     for name, text in units.items():
         write_atomic(target / name, text.encode(), mode=0o644)

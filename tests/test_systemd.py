@@ -1,0 +1,248 @@
+"""Tasks as real systemd units: dispatch, every outcome class, the cap, kills and a crash.
+
+One sandboxed systemd per module (tests/sandbox.py); each test gets its own FLEET_HOME and
+re-runs `fleet setup --system`, as a user changing the configuration would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import sandbox
+from tests.conftest import fleet_exe
+from tests.sandbox import Sandbox
+
+systemd = sandbox.systemd
+sandbox_factory = sandbox.sandbox_factory
+BIN = os.path.dirname(fleet_exe())
+
+
+@dataclass
+class Fleet:
+    box: Sandbox
+    home: Path
+    project: Path
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.box.run(f"{BIN}/fleet", *args, env={"FLEET_HOME": str(self.home)}, check=check)
+
+    def setup(self, *settings: str) -> None:
+        if settings:
+            self("config", "set", *settings)
+        self("setup", "--system")
+
+    def add(self, script: str, *args: str) -> str:
+        return self(
+            "add", script[:40], "--cwd", str(self.project), "-d", script, *args
+        ).stdout.strip()
+
+    def show(self, task_id: str) -> dict[str, Any]:
+        obj = json.loads(self("show", task_id, "--json").stdout)
+        assert isinstance(obj, dict)
+        return obj
+
+    def wait(self, *task_ids: str, timeout: float = 90) -> int:
+        return self("wait", *task_ids, "--timeout", str(timeout), check=False).returncode
+
+    def wait_running(self, task_id: str) -> None:
+        self.box.wait_for(
+            lambda: (
+                self.box.systemctl("is-active", f"fleet-task@{task_id}", check=False).stdout.strip()
+                == "active"
+            ),
+            what=f"fleet-task@{task_id} active",
+        )
+
+    def outcomes(self, task_id: str) -> list[str]:
+        return [str(a["outcome"]) for a in self.show(task_id)["attempt_log"]]
+
+
+@pytest.fixture
+def fleet(systemd: Sandbox, tmp_path: Path) -> Iterator[Fleet]:
+    home = tmp_path / "home"
+    project = tmp_path / "project"
+    project.mkdir()
+    f = Fleet(systemd, home, project)
+    f.setup("default_coder=command", "lease_seconds=10", "stop_grace_seconds=2")
+    yield f
+    systemd.systemctl("stop", "fleet-claim.path", "fleet-claim.timer", "fleet-task@*", check=False)
+    systemd.systemctl("reset-failed", check=False)
+
+
+def test_add_dispatches_through_the_path_unit_not_the_timer(fleet: Fleet) -> None:
+    fleet.box.systemctl("stop", "fleet-claim.timer")
+    task_id = fleet.add("echo hello from the agent")
+    assert fleet.wait(task_id) == 0
+    task = fleet.show(task_id)
+    assert task["status"] == "done" and fleet.outcomes(task_id) == ["success"]
+    assert (
+        fleet.box.systemctl("is-active", "fleet-claim.timer", check=False).stdout.strip()
+        == "inactive"
+    )
+    lines = fleet.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
+    assert "hello from the agent" in lines and "attempt 1 ended: success" in lines
+
+
+def test_failure_is_retried_then_blocked(fleet: Fleet) -> None:
+    fleet.setup("retry_limit=2")
+    task_id = fleet.add("echo oops >&2; exit 3")
+    assert fleet.wait(task_id) == 1
+    task = fleet.show(task_id)
+    assert task["status"] == "blocked" and "after 2 failed attempts" in task["reason"]
+    assert fleet.outcomes(task_id) == ["failure", "failure"]
+    assert [a["exit_status"] for a in task["attempt_log"]] == [3, 3]
+
+
+def test_systemctl_kill_is_a_kill(fleet: Fleet) -> None:
+    task_id = fleet.add("sleep 600")
+    fleet.wait_running(task_id)
+    fleet.box.systemctl("kill", "-s", "KILL", f"fleet-task@{task_id}")
+    assert fleet.wait(task_id) == 1
+    task = fleet.show(task_id)
+    assert task["status"] == "blocked" and "stopped by a person" in task["reason"]
+    assert fleet.outcomes(task_id) == ["killed"]
+
+
+def test_fleet_kill_ends_the_whole_tree(fleet: Fleet) -> None:
+    # The grandchild leaves the agent's process group and session: only the cgroup holds it.
+    task_id = fleet.add("setsid sleep 4321 & sleep 4322; wait")
+    fleet.wait_running(task_id)
+    fleet.box.wait_for(
+        lambda: fleet.box.run("pgrep", "-f", "sleep 4321", check=False).returncode == 0,
+        what="the grandchild started",
+    )
+    fleet("kill", task_id)
+    assert fleet.box.run("pgrep", "-f", "sleep 432[12]", check=False).stdout == ""
+    assert fleet.wait(task_id) == 1
+    assert fleet.outcomes(task_id) == ["killed"]
+    assert "stopped by a person" in fleet.show(task_id)["reason"]
+
+
+def test_kill_file_stops_the_attempt(fleet: Fleet) -> None:
+    task_id = fleet.add("sleep 600")
+    fleet.wait_running(task_id)
+    (fleet.home / "tasks" / task_id / ".kill").touch()
+    assert fleet.wait(task_id) == 1
+    assert fleet.outcomes(task_id) == ["killed"]
+    assert "kill-file" in fleet.show(task_id)["reason"]
+
+
+def test_runtime_limit_is_a_timeout(fleet: Fleet) -> None:
+    fleet.setup("task_timeout_seconds=1", "retry_limit=1")
+    task_id = fleet.add("sleep 600")
+    assert fleet.wait(task_id) == 1
+    assert fleet.outcomes(task_id) == ["timeout"]
+
+
+def test_memory_limit_is_out_of_memory(fleet: Fleet) -> None:
+    fleet.setup("task_memory_max=64M", "retry_limit=1")
+    task_id = fleet.add("python3 -c 'b = bytearray(400 << 20)'")
+    assert fleet.wait(task_id) == 1
+    assert fleet.outcomes(task_id) == ["oom"]
+    assert "out of memory" in fleet.show(task_id)["reason"]
+
+
+def test_a_hung_runner_hits_the_watchdog(fleet: Fleet) -> None:
+    fleet.setup("watchdog_seconds=5", "retry_limit=1")
+    task_id = fleet.add("sleep 600")
+    fleet.wait_running(task_id)
+    unit = f"fleet-task@{task_id}"
+    fleet.box.systemctl("kill", "--kill-who=main", "-s", "STOP", unit)
+    fleet.box.wait_for(
+        lambda: "Result=watchdog" in fleet.box.systemctl("show", "-p", "Result", unit).stdout,
+        timeout=60,
+        what="the watchdog fired",
+    )
+    fleet.box.systemctl("kill", "--kill-who=main", "-s", "CONT", unit, check=False)
+    assert fleet.wait(task_id) == 1
+    assert fleet.outcomes(task_id) == ["watchdog"]
+
+
+def test_starting_an_unclaimable_unit_by_hand_changes_nothing(fleet: Fleet) -> None:
+    task_id = fleet.add("true")
+    assert fleet.wait(task_id) == 0
+    before = fleet.show(task_id)
+    result = fleet.box.systemctl("start", f"fleet-task@{task_id}", check=False)
+    assert result.returncode != 0
+    journal = fleet.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
+    assert "not claimable: it is done" in journal
+    assert fleet.show(task_id) == before
+
+
+def test_the_cap_holds_with_many_tasks_and_concurrent_passes(fleet: Fleet) -> None:
+    fleet.setup("max_concurrent=4")
+    log = fleet.project / "spans.log"
+    script = f"echo start >> {log}; sleep 0.3; echo end >> {log}"
+    batch = "".join(json.dumps({"title": f"t{i}", "description": script}) + "\n" for i in range(50))
+    (fleet.project / "batch.jsonl").write_text(batch)
+    ids = fleet("add", "--batch", str(fleet.project / "batch.jsonl"), "--cwd", str(fleet.project))
+    task_ids = ids.stdout.split()
+    claimers = [
+        subprocess.Popen(
+            ["nsenter", "-t", str(fleet.box.pid), "-m", "-p", "--", f"{BIN}/fleet-claim"],
+            env={**os.environ, "FLEET_HOME": str(fleet.home), "FLEET_SCOPE": "system"},
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(6)
+    ]
+    for p in claimers:
+        assert p.wait(timeout=60) == 0
+    assert fleet.wait(*task_ids, timeout=240) == 0
+    depth = peak = 0
+    for line in log.read_text().split():
+        depth += 1 if line == "start" else -1
+        peak = max(peak, depth)
+    assert peak == 4  # the cap was used and never exceeded
+    assert all(fleet.outcomes(t) == ["success"] for t in task_ids)
+
+
+def test_pause_holds_new_work_and_resume_releases_it(fleet: Fleet) -> None:
+    fleet("pause", "--reason", "maintenance")
+    task_id = fleet.add("true")
+    assert fleet("wait", task_id, "--timeout", "2", check=False).returncode == 124
+    assert fleet.show(task_id)["status"] == "ready"
+    fleet("resume")
+    assert fleet.wait(task_id) == 0
+
+
+def test_cancel_stops_a_running_task(fleet: Fleet) -> None:
+    task_id = fleet.add("sleep 600")
+    fleet.wait_running(task_id)
+    fleet("cancel", task_id, "--reason", "not needed")
+    assert fleet.wait(task_id) == 1
+    task = fleet.show(task_id)
+    assert task["status"] == "cancelled" and task["reason"] == "not needed"
+    assert fleet.outcomes(task_id) == ["killed"]
+
+
+def test_a_crash_loses_no_task_and_runs_none_twice(sandbox_factory: Any, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    project = tmp_path / "project"
+    project.mkdir()
+    # The first attempt hangs; once the machine is back the second one finishes.
+    script = 'test -f "$FLEET_TASK_DIR/ran" && exit 0; touch "$FLEET_TASK_DIR/ran"; sleep 600'
+    first = Fleet(sandbox_factory(), home, project)
+    first.setup("default_coder=command", "lease_seconds=10", "max_concurrent=3")
+    task_ids = [first.add(script) for _ in range(3)]
+    for task_id in task_ids:
+        first.wait_running(task_id)
+    os.kill(first.box.pid, signal.SIGKILL)  # the whole namespace dies: no ExecStopPost runs
+    first.box.stop()
+    second = Fleet(sandbox_factory(), home, project)
+    second.setup()
+    assert second.wait(*task_ids, timeout=120) == 0
+    for task_id in task_ids:
+        attempts = second.show(task_id)["attempt_log"]
+        assert [a["outcome"] for a in attempts] == ["lost", "success"]
+        assert attempts[0]["ended_at"] <= attempts[1]["started_at"]  # never two at once
+    shutil.rmtree(home)
