@@ -131,6 +131,12 @@ def _known(key: str, where: str) -> tuple[Setting, str | None]:
         raise ConfigError(f"{where}: {e.message}", hint=e.hint) from None
 
 
+def defaults(path: Path) -> Config:
+    """The configuration with every key at its default (for reference renderings)."""
+    values = {s.name: s.default for s in SETTINGS}
+    return Config(path, values, dict.fromkeys(values, "default"))
+
+
 def load_or_last_good(paths: Paths) -> Config:
     """For the programs systemd runs: a broken file falls back to the last good copy."""
     import sys

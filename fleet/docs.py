@@ -1,11 +1,12 @@
 """Man pages and shell completions, generated from the code so that they can never drift.
 
-The invariant: every file under man/ and completions/ is exactly what `render_all()` returns for
-the code as it is. The pages are built from the click command tree (`fleet.cli.cli` and
-`fleet.commands.PROGRAMS`), the settings tables, the JSON field tables and the exit-status
-table, so nothing a page says about a command, an option, a key or a field is written twice.
-The completion scripts are click's own; they call back into `fleet` at TAB time, so they always
-offer the current commands, options and task ids.
+The invariant: every file under man/, completions/ and systemd/ is exactly what `render_all()`
+returns for the code as it is (systemd/ holds the units and catalog as `fleet setup --system`
+renders them for programs in /usr/bin). The pages are built from the click command tree
+(`fleet.cli.cli` and `fleet.commands.PROGRAMS`), the settings tables, the JSON field tables and
+the exit-status table, so nothing a page says about a command, an option, a key or a field is
+written twice. The completion scripts are click's own; they call back into `fleet` at TAB time,
+so they always offer the current commands, options and task ids.
 
 `python -m fleet.docs` rewrites the files (and removes stale ones); `python -m fleet.docs
 --check` exits 1 listing every file that differs, is missing or is a stale extra. The output
@@ -36,7 +37,7 @@ from fleet.settings import BUILTIN_CODERS, CODER_SETTINGS, SETTINGS, Setting, te
 
 PROG = "fleet"
 COMPLETE_VAR = "_FLEET_COMPLETE"
-GENERATED_DIRS = ("man", "completions")
+GENERATED_DIRS = ("man", "completions", "systemd")
 COMPLETIONS: dict[str, type[ShellComplete]] = {
     "completions/fleet.bash": BashComplete,
     "completions/_fleet": ZshComplete,
@@ -641,6 +642,10 @@ def render_all() -> dict[str, str]:
     out["man/fleet.toml.5"] = toml_page()
     for path, cls in COMPLETIONS.items():
         out[path] = completion(cls)
+    from fleet.units import reference
+
+    for name, text in reference().items():
+        out[f"systemd/{name}"] = text
     return out
 
 

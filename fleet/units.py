@@ -107,8 +107,6 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             # Level-triggered: a poke made during a pass starts another one.
             f"DirectoryNotEmpty={home}/wake",
             f"PathChanged={inst.paths.config_file}",
-            "MakeDirectory=yes",
-            "DirectoryMode=0700",
             "Unit=fleet-claim.service",
             "",
             "[Install]",
@@ -133,3 +131,49 @@ def render(inst: Install, config: Config) -> dict[str, str]:
 
 
 ENABLED = ("fleet-claim.path", "fleet-claim.timer")
+CATALOG_DIR = Path("/usr/local/lib/systemd/catalog")
+CATALOG_FILE = "fleet.catalog"
+
+
+def catalog() -> str:
+    """journalctl -x explanations of fleet's lifecycle entries (MESSAGE_IDs in fleet.events)."""
+    from fleet.events import MSG_ENDED, MSG_REFUSED, MSG_STARTED
+
+    entries = (
+        (
+            MSG_STARTED,
+            "A fleet task attempt started",
+            "Attempt @FLEET_ATTEMPT@ of fleet task @FLEET_TASK_ID@ started its coder"
+            " (@FLEET_CODER@), process @FLEET_PID@. Every line the agent prints follows as"
+            " an entry with FLEET_EVENT set; `fleet logs @FLEET_TASK_ID@` shows them all.",
+        ),
+        (
+            MSG_ENDED,
+            "A fleet task attempt ended",
+            "Attempt @FLEET_ATTEMPT@ of fleet task @FLEET_TASK_ID@ ended with the verdict"
+            " @FLEET_VERDICT@. fleet-reap now classifies the end and decides whether the task"
+            " is done, retried or blocked; `fleet show @FLEET_TASK_ID@` shows the result.",
+        ),
+        (
+            MSG_REFUSED,
+            "A fleet task unit did not start an attempt",
+            "The unit of fleet task @FLEET_TASK_ID@ was started, but the task could not be"
+            " claimed (it is finished, blocked, waiting on other tasks, or claimed elsewhere)."
+            " Nothing was changed. Use `fleet retry @FLEET_TASK_ID@` to run it again.",
+        ),
+    )
+    blocks = [
+        f"-- {mid}\nSubject: {subject}\nDefined-By: fleet\nDocumentation: man:fleet-run(1)"
+        f"\n\n{text}\n"
+        for mid, subject, text in entries
+    ]
+    return "# journalctl -x explanations of fleet's journal entries.\n\n" + "\n".join(blocks)
+
+
+def reference() -> dict[str, str]:
+    """The units and catalog as installed system-wide with programs in /usr/bin."""
+    from fleet.config import defaults
+
+    paths = Paths("system", Path("/var/lib/fleet"), Path("/etc/fleet/config.toml"))
+    units = render(Install("system", paths, Path("/usr/bin")), defaults(paths.config_file))
+    return {**units, CATALOG_FILE: catalog()}

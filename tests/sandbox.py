@@ -233,15 +233,16 @@ class Sandbox:
         *,
         manager_conf: Sequence[str] = ("DefaultTimerAccuracySec=1ms",),
         journald_conf: Sequence[str] = ("RateLimitBurst=0",),
-        tmpfs: Sequence[str] = (),
+        tmpfs: Sequence[str] = ("/usr/local/lib",),
         timeout: float = 30,
     ) -> Sandbox:
         """Boots systemd with DIR/units as /etc/systemd/system and waits until it is up.
 
         manager_conf and journald_conf are extra `[Manager]` and `[Journal]` lines; tmpfs names
         existing directories to hide behind a private tmpfs (for example "/var/lib" keeps
-        StateDirectory= off the host). Accepts the states "running" and "degraded" (a unit
-        enabled in DIR/units failed; see boot_state); anything else is a SandboxError.
+        StateDirectory= off the host); the default hides /usr/local/lib, where a system-wide
+        `fleet setup` installs its journal catalog. Accepts the states "running" and "degraded"
+        (a unit enabled in DIR/units failed; see boot_state); anything else is a SandboxError.
         """
         started = time.monotonic()
         if os.geteuid() != 0:

@@ -51,8 +51,12 @@ class Fleet:
         assert isinstance(obj, dict)
         return obj
 
-    def wait(self, *task_ids: str, timeout: float = 90) -> int:
-        return self("wait", *task_ids, "--timeout", str(timeout), check=False).returncode
+    def wait(self, *task_ids: str, timeout: float = 50) -> int:
+        code = self("wait", *task_ids, "--timeout", str(timeout), check=False).returncode
+        if code == 124:  # say why in the failure
+            journal = self.box.run("journalctl", "-n", "60", "--no-pager").stdout
+            raise AssertionError(f"timed out waiting for {task_ids}:\n{journal}")
+        return code
 
     def wait_running(self, task_id: str) -> None:
         self.box.wait_for(
@@ -168,6 +172,16 @@ def test_a_hung_runner_hits_the_watchdog(fleet: Fleet) -> None:
     assert fleet.outcomes(task_id) == ["watchdog"]
 
 
+def test_journalctl_x_explains_the_lifecycle_entries(fleet: Fleet) -> None:
+    task_id = fleet.add("true")
+    assert fleet.wait(task_id) == 0
+    explained = fleet.box.run("journalctl", "-x", "-u", f"fleet-task@{task_id}").stdout
+    assert "Subject: A fleet task attempt started" in explained
+    assert f"Attempt 1 of fleet task {task_id} started its coder (command)" in explained
+    assert "Subject: A fleet task attempt ended" in explained
+    assert not Path("/usr/local/lib/systemd/catalog/fleet.catalog").exists()  # not the host's
+
+
 def test_starting_an_unclaimable_unit_by_hand_changes_nothing(fleet: Fleet) -> None:
     task_id = fleet.add("true")
     assert fleet.wait(task_id) == 0
@@ -197,7 +211,7 @@ def test_the_cap_holds_with_many_tasks_and_concurrent_passes(fleet: Fleet) -> No
     ]
     for p in claimers:
         assert p.wait(timeout=60) == 0
-    assert fleet.wait(*task_ids, timeout=240) == 0
+    assert fleet.wait(*task_ids, timeout=55) == 0
     depth = peak = 0
     for line in log.read_text().split():
         depth += 1 if line == "start" else -1
@@ -209,7 +223,7 @@ def test_the_cap_holds_with_many_tasks_and_concurrent_passes(fleet: Fleet) -> No
 def test_pause_holds_new_work_and_resume_releases_it(fleet: Fleet) -> None:
     fleet("pause", "--reason", "maintenance")
     task_id = fleet.add("true")
-    assert fleet("wait", task_id, "--timeout", "2", check=False).returncode == 124
+    assert fleet("wait", task_id, "--timeout", "2", check=False).returncode == 124  # held
     assert fleet.show(task_id)["status"] == "ready"
     fleet("resume")
     assert fleet.wait(task_id) == 0
@@ -240,7 +254,7 @@ def test_a_crash_loses_no_task_and_runs_none_twice(sandbox_factory: Any, tmp_pat
     first.box.stop()
     second = Fleet(sandbox_factory(), home, project)
     second.setup()
-    assert second.wait(*task_ids, timeout=120) == 0
+    assert second.wait(*task_ids, timeout=55) == 0
     for task_id in task_ids:
         attempts = second.show(task_id)["attempt_log"]
         assert [a["outcome"] for a in attempts] == ["lost", "success"]

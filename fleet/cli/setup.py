@@ -52,7 +52,9 @@ def setup(app: App, scope: str | None, run_as: str | None, dry_run: bool, uninst
     """
     from fleet import systemd
     from fleet.paths import ensure_dir
-    from fleet.units import ENABLED, Install, render, unit_dir
+    from fleet.proc import run
+    from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, Install, catalog, render, unit_dir
+    from fleet.wake import wake_dir
 
     chosen = _scope(app, scope)
     inst = Install(chosen, app.paths, _bindir(), run_as)
@@ -66,16 +68,23 @@ def setup(app: App, scope: str | None, run_as: str | None, dry_run: bool, uninst
         systemd.systemctl(chosen, "disable", "--now", *ENABLED, check=False)
         for name in units:
             (target / name).unlink(missing_ok=True)
+        if chosen == "system":
+            (CATALOG_DIR / CATALOG_FILE).unlink(missing_ok=True)
         systemd.systemctl(chosen, "daemon-reload")
         click.echo(f"removed fleet's units from {target}")
         return
     from fleet.fsutil import write_atomic
 
-    ensure_dir(app.paths.home)
+    ensure_dir(wake_dir(app.paths))  # fleet-claim.path watches it
     write_atomic(app.paths.home / systemd.SCOPE_FILE, f"{chosen}\n".encode())
     target.mkdir(parents=True, exist_ok=True)
     for name, text in units.items():
         write_atomic(target / name, text.encode(), mode=0o644)
+    if chosen == "system":
+        # journalctl -x explains fleet's lifecycle entries once the catalog is compiled.
+        CATALOG_DIR.mkdir(parents=True, exist_ok=True)
+        write_atomic(CATALOG_DIR / CATALOG_FILE, catalog().encode(), mode=0o644)
+        run(["journalctl", "--update-catalog"])
     systemd.systemctl(chosen, "daemon-reload")
     systemd.systemctl(chosen, "enable", "--now", *ENABLED)
     click.echo(f"installed {len(units)} units in {target}; fleet-claim.path and .timer enabled")
