@@ -16,14 +16,24 @@ from pathlib import Path
 from fleet import outcome as outcome_file
 from fleet import taskdir, wake
 from fleet.config import Config
-from fleet.errors import Conflict
+from fleet.errors import Conflict, FleetError
 from fleet.host import owner
 from fleet.model import AttemptEnd, Status, Task
 from fleet.paths import Paths
 from fleet.store import Store
 from fleet.store.base import Count
 
-OUTCOMES = ("success", "noclose", "failure", "killed", "timeout", "oom", "watchdog", "lost")
+OUTCOMES = (
+    "success",
+    "noclose",
+    "failure",
+    "killed",
+    "timeout",
+    "oom",
+    "watchdog",
+    "lost",
+    "interrupted",  # stopped by a shutdown, not by a person: requeued without counting
+)
 FAILURES = ("failure", "timeout", "oom", "watchdog", "lost")
 
 
@@ -74,6 +84,16 @@ def oom_kills() -> int:
         except OSError:
             continue
     return 0
+
+
+def shutting_down() -> bool:
+    from fleet import systemd
+
+    try:
+        state = systemd.systemctl(systemd.current_scope(), "is-system-running", check=False)
+    except FleetError:
+        return False
+    return state.strip() == "stopping"
 
 
 def classify(
@@ -132,6 +152,10 @@ def settle(paths: Paths, store: Store, config: Config, task_id: str) -> str | No
     if task.claimed_by != owner():
         return None
     kind, reason = classify(task, found, service)
+    if kind == "killed" and service is not None and shutting_down():
+        # Not a person's decision: the machine or the session is going down. Run it again.
+        store.release(task_id, owner(), AttemptEnd("interrupted", exit_status=None))
+        return "interrupted"
     status, why = policy(task, kind, reason, config)
     count: Count | None = (
         "failure" if kind in FAILURES else "noclose" if kind == "noclose" else None

@@ -269,7 +269,10 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         raise
     coder_name = task.coder or config.get_str("default_coder")
     ctx = Context(task.id, task.attempts, coder_name, task.model)
-    redact = Redactor(secret_values())
+    # Secrets may come from our environment or from a [coders.NAME] env table.
+    coder_env = dict(config.values.get(f"coders.{coder_name}.env", {}))
+    names = config.values["secret_variables"]
+    redact = Redactor(secret_values({**os.environ, **coder_env}, names))
     sink = Sink(ctx, redact, journal)
     notifier = Notifier()
     directory, artifacts = taskdir.prepare(paths, task)

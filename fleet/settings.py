@@ -182,6 +182,13 @@ SETTINGS: tuple[Setting, ...] = (
         10_000_000,
     ),
     Setting(
+        "secret_variables",
+        "list",
+        [],
+        "Names of environment variables whose values are redacted from every transcript, besides"
+        " those named like *_KEY, *_TOKEN, *_SECRET or *PASSWORD*.",
+    ),
+    Setting(
         "lease_seconds",
         "int",
         60,

@@ -232,3 +232,15 @@ def test_a_coder_that_cannot_run_counts_as_a_failure(fleet: Fleet, project: Path
     assert result.returncode == 5
     shown = task(fleet, tid)
     assert shown["failures"] == 1 and "cannot start" in str(shown["reason"])
+
+
+def test_configured_secrets_and_coder_env_secrets_are_redacted(fleet: Fleet, project: Path) -> None:
+    fleet.ok(
+        "config",
+        "set",
+        'secret_variables=["PLAIN_NAME"]',
+        'coders.command.env={SERVICE_TOKEN = "tok-from-config-123"}',
+    )
+    tid = fleet.add("leaky", "--coder", "command", "-d", 'echo "$PLAIN_NAME $SERVICE_TOKEN"')
+    result = run(tid, project, PLAIN_NAME="plain-but-secret")
+    assert [e["text"] for e in events(result.stdout)] == ["[REDACTED] [REDACTED]"]

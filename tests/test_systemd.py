@@ -260,3 +260,29 @@ def test_a_crash_loses_no_task_and_runs_none_twice(sandbox_factory: Any, tmp_pat
         assert [a["outcome"] for a in attempts] == ["lost", "success"]
         assert attempts[0]["ended_at"] <= attempts[1]["started_at"]  # never two at once
     shutil.rmtree(home)
+
+
+def test_a_clean_shutdown_requeues_running_tasks(sandbox_factory: Any, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    project = tmp_path / "project"
+    project.mkdir()
+    script = 'test -f "$FLEET_TASK_DIR/ran" && exit 0; touch "$FLEET_TASK_DIR/ran"; sleep 600'
+    first = Fleet(sandbox_factory(), home, project)
+    first.setup("default_coder=command", "lease_seconds=10")
+    task_id = first.add(script)
+    first.wait_running(task_id)
+    first.box.stop()  # poweroff: systemd stops the unit, fleet-reap sees the system stopping
+    task = json.loads(
+        subprocess.run(
+            [fleet_exe(), "show", task_id, "--json"],
+            env={**os.environ, "FLEET_HOME": str(home)},
+            capture_output=True,
+            check=True,
+        ).stdout
+    )
+    assert (task["status"], task["failures"]) == ("ready", 0)
+    assert [a["outcome"] for a in task["attempt_log"]] == ["interrupted"]
+    second = Fleet(sandbox_factory(), home, project)
+    second.setup()
+    assert second.wait(task_id) == 0
+    assert second.outcomes(task_id) == ["interrupted", "success"]
