@@ -286,3 +286,22 @@ def test_a_clean_shutdown_requeues_running_tasks(sandbox_factory: Any, tmp_path:
     second.setup()
     assert second.wait(task_id) == 0
     assert second.outcomes(task_id) == ["interrupted", "success"]
+
+
+def test_raising_max_concurrent_starts_more_at_once(fleet: Fleet) -> None:
+    fleet.setup("max_concurrent=1")
+    fleet.box.systemctl("stop", "fleet-claim.timer")  # only the path unit may react
+    task_ids = [fleet.add(f"sleep 600 # {i}") for i in range(3)]
+
+    def active() -> int:
+        units = fleet.box.systemctl("list-units", "fleet-task@*", "--state=active", "-o", "json")
+        return len(json.loads(units.stdout))
+
+    fleet.box.wait_for(lambda: active() == 1, what="one task running")
+    fleet("config", "set", "max_concurrent=3")  # the path unit watches the file
+    fleet.box.wait_for(lambda: active() == 3, what="three tasks running")
+    fleet.box.wait_for(
+        lambda: fleet("ls").stdout.count("active: command · turns 0") == 3,
+        what="fleet ls shows each unit's live status line",
+    )
+    fleet("kill", *task_ids)
