@@ -508,7 +508,13 @@ def program_pages() -> dict[str, str]:
 
 # -- fleet.toml(5) ------------------------------------------------------------------------------
 
-_KINDS = {"int": "integer", "str": "string", "list": "list of strings", "table": "table of strings"}
+_KINDS = {
+    "int": "integer",
+    "str": "string",
+    "list": "list of strings",
+    "table": "table of strings",
+    "sizes": "table of positive integers",
+}
 
 
 def toml_value(value: Any) -> str:

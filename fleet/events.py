@@ -18,6 +18,19 @@ from fleet.journal import Journal, Value
 from fleet.redact import Redactor
 
 MAX_MESSAGE = 64 << 10
+# Event attributes written when set: as FLEET_<NAME> journal fields, or JSON keys.
+OPTIONAL = (
+    "tool",
+    "session",
+    "tokens_in",
+    "tokens_out",
+    "cost",
+    "context",
+    "rate_status",
+    "resets_at",
+    "utilization",
+    "limit_type",
+)
 PRIORITY = {Kind.ERROR: 3, Kind.RATE_LIMIT: 4, Kind.RETRY: 4, Kind.RAW: 6}
 # MESSAGE_IDs of lifecycle entries, explained by the catalog (systemd/fleet.catalog).
 MSG_STARTED = "ff162ac1b9fe420e8fea69f54c0b0a1c"
@@ -63,7 +76,7 @@ class Sink:
         raw = self.redact(raw) if raw is not None and raw != event.text else None
         if self.journal is None:
             obj: dict[str, object] = {"event": str(event.kind), "text": self.redact(event.text)}
-            for name in ("tool", "session", "tokens_in", "tokens_out", "cost"):
+            for name in OPTIONAL:
                 value = getattr(event, name)
                 if value is not None:
                     obj[name] = value
@@ -84,7 +97,7 @@ class Sink:
         }
         if self.ctx.model:
             fields["FLEET_MODEL"] = self.ctx.model
-        for name in ("tool", "session", "tokens_in", "tokens_out", "cost"):
+        for name in OPTIONAL:
             value = getattr(event, name)
             if value is not None:
                 fields[f"FLEET_{name.upper()}"] = value

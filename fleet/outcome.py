@@ -22,7 +22,7 @@ class Outcome:
     task: str
     attempt: int
     invocation: str
-    verdict: str  # success, failure, killed, refused, error
+    verdict: str  # success, failure, killed, rate-limited, context-pressure, refused, error
     reason: str = ""
     exit_status: int | None = None
     signal: str | None = None
@@ -32,6 +32,7 @@ class Outcome:
     cost: float | None = None
     session: str | None = None
     closes_on_success: bool = False
+    resets_at: float | None = None  # rate-limited: when the provider's window resets
 
 
 def write(task_dir: Path, outcome: Outcome) -> None:

@@ -9,6 +9,7 @@ always stands. Then it wakes fleet-claim, since a slot is free.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,10 @@ OUTCOMES = (
     "watchdog",
     "lost",
     "interrupted",  # stopped by a shutdown, not by a person: requeued without counting
+    "rate-limited",  # the provider refused: requeued, the coder held back until its reset
+    "context-pressure",  # fleet stopped it at context_pressure_pct: requeued, fresh context
 )
+REQUEUED = ("interrupted", "rate-limited", "context-pressure")
 FAILURES = ("failure", "timeout", "oom", "watchdog", "lost")
 
 
@@ -117,6 +121,8 @@ def classify(
         return "noclose", "the agent finished without closing the task"
     if found.verdict == "killed":
         return "killed", found.stopped_by or found.reason
+    if found.verdict in ("rate-limited", "context-pressure"):
+        return found.verdict, found.reason or found.verdict
     return "failure", found.reason or "failed"
 
 
@@ -126,6 +132,8 @@ def policy(task: Task, kind: str, reason: str, config: Config) -> tuple[Status, 
         return Status.DONE, task.reason or reason or None
     if kind == "killed":
         return Status.BLOCKED, f"stopped by a person ({reason})"
+    if kind in REQUEUED:
+        return Status.READY, f"{kind}: {reason}"
     if kind == "noclose":
         limit = config.get_int("noclose_limit")
         if task.noclose + 1 >= limit:
@@ -157,6 +165,8 @@ def settle(paths: Paths, store: Store, config: Config, task_id: str) -> str | No
         store.release(task_id, owner(), AttemptEnd("interrupted", exit_status=None))
         return "interrupted"
     status, why = policy(task, kind, reason, config)
+    if kind == "rate-limited":
+        hold_back(paths, store, config, task, found)
     count: Count | None = (
         "failure" if kind in FAILURES else "noclose" if kind == "noclose" else None
     )
@@ -174,6 +184,33 @@ def settle(paths: Paths, store: Store, config: Config, task_id: str) -> str | No
         return None  # someone else reaped it meanwhile
     wake.poke(paths)
     return kind
+
+
+def hold_back(
+    paths: Paths, store: Store, config: Config, task: Task, found: outcome_file.Outcome | None
+) -> None:
+    """Gate the coder until its reset (unless the runner already did), and wake fleet-claim
+    then with a transient timer, so the queue resumes on time rather than on the next tick."""
+    import time
+
+    from fleet import systemd
+    from fleet.timeutil import iso, parse
+
+    coder = task.coder or config.get_str("default_coder")
+    gate = store.gates().get(f"coder:{coder}")
+    if gate is None or gate[0] is None:
+        resets = found.resets_at if found and found.resets_at else None
+        until = resets or time.time() + config.get_int("rate_limit_backoff_seconds")
+        store.set_gate(f"coder:{coder}", iso(until), f"{coder} rate-limited")
+        wake_at = until
+    else:
+        wake_at = parse(gate[0])
+    delay = max(1, int(wake_at - time.time()) + 1)
+    unit = f"fleet-wake-{coder}"
+    scope = systemd.current_scope()
+    with contextlib.suppress(FleetError):
+        systemd.systemctl(scope, "stop", f"{unit}.timer", check=False)
+        systemd.run_later(scope, unit, delay, paths)
 
 
 def _exit_status(service: Service | None) -> int | None:

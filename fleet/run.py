@@ -34,10 +34,20 @@ from fleet.paths import Paths, resolve
 from fleet.proc import child_env
 from fleet.redact import Redactor, secret_values
 from fleet.store import Store, open_store
+from fleet.timeutil import iso
 
 MAX_LINE = 8 << 20  # a longer line is cut here and the rest of it skipped, never buffered
 STATUS_EVERY = 0.25
-EXIT = {"success": 0, "failure": 1, "killed": 3, "refused": 4, "error": 5}
+EXIT = {
+    "success": 0,
+    "failure": 1,
+    "killed": 3,
+    "refused": 4,
+    "error": 5,
+    "rate-limited": 6,
+    "context-pressure": 7,
+}
+PRESSURE = "context-pressure"
 
 
 def full_id(text: str) -> str:
@@ -72,6 +82,31 @@ def take(store: Store, config: Config, task_id: str, me: str, under_systemd: boo
     raise Conflict(f"{task_id} is claimed by {task.claimed_by}")
 
 
+@dataclass(frozen=True)
+class Limits:
+    """When to stop for context pressure, and when to hold a coder back for its rate limit."""
+
+    context: int  # the model's window, tokens
+    pressure_pct: int
+    rate_pct: int
+    backoff: float
+
+    @classmethod
+    def of(cls, config: Config, coder: Coder, model: str | None) -> Limits:
+        table: dict[str, int] = config.values["context_limits"]
+        keys = [k for k in table if model and k in model]
+        window = table[max(keys, key=len)] if keys else coder.default_context
+        return cls(
+            window,
+            config.get_int("context_pressure_pct"),
+            config.get_int("rate_limit_pct"),
+            float(config.get_int("rate_limit_backoff_seconds")),
+        )
+
+    def pressure(self, context: int | None) -> bool:
+        return context is not None and context * 100 >= self.context * self.pressure_pct
+
+
 @dataclass
 class Attempt:
     task: Task
@@ -82,6 +117,8 @@ class Attempt:
     me: str
     lease_s: float
     grace: float
+    pgid: int
+    limits: Limits
     tally: Tally = field(default_factory=Tally)
     stopped_by: str | None = None
     kill_at: float | None = None
@@ -138,12 +175,32 @@ class Attempt:
         for event in events:
             self.tally.add(event)
             self.sink.emit(event, text)
+            if event.kind == Kind.RATE_LIMIT:
+                self.rate_limit(event)
+        if self.limits.pressure(self.tally.context):
+            self.stop(PRESSURE)
 
-    def stop(self, why: str, pgid: int) -> None:
+    def rate_limit(self, event: Event) -> None:
+        """Hold this coder back in fleet-claim when its provider refuses or nears the limit."""
+        coder = self.coder_name
+        window = event.limit_type or "default"
+        resets = event.resets_at
+        self.store.record_gauge(coder, window, event.rate_status, event.utilization, resets)
+        used = event.utilization is not None and event.utilization * 100 >= self.limits.rate_pct
+        if event.rate_status == "rejected" or used:
+            until = resets if resets and resets > time.time() else time.time() + self.limits.backoff
+            why = f"{coder} {window} limit: {event.rate_status or 'near'}"
+            self.store.set_gate(f"coder:{coder}", iso(until), why)
+
+    @property
+    def coder_name(self) -> str:
+        return self.task.coder or self.coder.name
+
+    def stop(self, why: str) -> None:
         if self.stopped_by is None:
             self.stopped_by = why
             self.kill_at = time.monotonic() + self.grace
-            signal_group(pgid, self.coder.stop_signal)
+            signal_group(self.pgid, self.coder.stop_signal)
 
 
 def signal_group(pgid: int, signum: int) -> None:
@@ -180,7 +237,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     exited = eof = False
     drain_until = float("inf")
     if (directory / taskdir.KILL).exists():
-        run.stop("kill-file", proc.pid)
+        run.stop("kill-file")
     try:
         while not (eof and exited):
             now = time.monotonic()
@@ -205,11 +262,11 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     drain_until = time.monotonic() + 1.0
                 elif what == "inotify":
                     if any(e.name == taskdir.KILL for e in inotify.read(timeout=0)):
-                        run.stop("kill-file", proc.pid)
+                        run.stop("kill-file")
                 elif what == "signal":
                     data = wake_r.recv(64)
                     if data:
-                        run.stop(f"signal {signal.Signals(data[-1]).name}", proc.pid)
+                        run.stop(f"signal {signal.Signals(data[-1]).name}")
             now = time.monotonic()
             if now >= next_ping and watchdog:
                 run.notifier.ping()
@@ -220,7 +277,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
             if now >= next_renew:
                 next_renew = now + run.lease_s / 3
                 if not run.store.renew(run.task.id, run.me, run.lease_s):
-                    run.stop("lease-lost", proc.pid)
+                    run.stop("lease-lost")
             if run.kill_at is not None and now >= run.kill_at:
                 signal_group(proc.pid, signal.SIGKILL)
                 run.kill_at = None
@@ -306,7 +363,9 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     except FleetError as e:
         notifier.ready("not started")
         return finish("error", e.message, None, Tally())
-    prompt = taskdir.compose_prompt(task, artifacts)
+    history = store.attempts(task.id)
+    previous = history[-2].outcome if len(history) > 1 else None
+    prompt = taskdir.compose_prompt(task, artifacts, previous, paths.config_file.parent)
     spec = RunSpec(
         task.id,
         task.attempts,
@@ -353,6 +412,8 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         me,
         float(config.get_int("lease_seconds")),
         float(config.get_int("stop_grace_seconds")),
+        proc.pid,
+        Limits.of(config, coder, coder.model(spec)),
     )
     sink.lifecycle(
         MSG_STARTED,
@@ -361,7 +422,10 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     )
     notifier.ready(run.status_line())
     rc = loop(run, proc, directory)
-    verdict = Verdict.KILLED if run.stopped_by else coder.verdict(rc, run.tally)
+    if run.stopped_by == PRESSURE:
+        verdict = Verdict.CONTEXT_PRESSURE
+    else:
+        verdict = Verdict.KILLED if run.stopped_by else coder.verdict(rc, run.tally)
     reason = run.stopped_by or run.tally.last_error or (f"exit status {rc}" if rc else "")
     return finish(
         str(verdict),
@@ -370,4 +434,5 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         run.tally,
         stopped_by=run.stopped_by,
         closes_on_success=coder.closes_on_success,
+        resets_at=run.tally.resets_at,
     )

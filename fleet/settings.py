@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from fleet.errors import ConfigError
 
-Kind = Literal["int", "str", "list", "table"]
+Kind = Literal["int", "str", "list", "table", "sizes"]
 
 # The coders fleet knows by name; more are defined by a [coders.NAME] table.
 BUILTIN_CODERS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "command", "replay")
@@ -38,6 +38,10 @@ class Setting:
             "str": isinstance(value, str),
             "list": isinstance(value, list) and all(isinstance(v, str) for v in value),
             "table": isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
+            "sizes": isinstance(value, dict)
+            and all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value.values()
+            ),
         }[self.kind]
         if not ok:
             wanted = {
@@ -45,6 +49,7 @@ class Setting:
                 "str": "a string",
                 "list": "a list of strings",
                 "table": "a table of strings",
+                "sizes": "a table of positive whole numbers",
             }[self.kind]
             raise ConfigError(f"{where}: {self.name} must be {wanted}, not {value!r}")
         if self.kind == "int":
@@ -69,7 +74,11 @@ class Setting:
             try:
                 value = tomllib.loads(f"v = {text}")["v"]
             except tomllib.TOMLDecodeError:
-                example = '["--flag", "value"]' if self.kind == "list" else '{NAME = "value"}'
+                example = {
+                    "list": '["--flag", "value"]',
+                    "table": '{NAME = "value"}',
+                    "sizes": '{"model-name" = 200000}',
+                }[self.kind]
                 raise ConfigError(
                     f"{where}: {self.name} must be written as TOML, such as {example}"
                 ) from None
@@ -116,6 +125,19 @@ SETTINGS: tuple[Setting, ...] = (
         100,
     ),
     Setting(
+        "context_limits",
+        "sizes",
+        {
+            "[1m]": 1_000_000,
+            "claude": 200_000,
+            "gpt-5": 400_000,
+            "gpt-4.1": 1_047_576,
+            "gemini": 1_048_576,
+        },
+        "Context window in tokens by model: the longest key found in a model's name wins;"
+        " a model matching none uses its coder's default (200000).",
+    ),
+    Setting(
         "rate_limit_pct",
         "int",
         95,
@@ -123,6 +145,14 @@ SETTINGS: tuple[Setting, ...] = (
         " limit resets.",
         1,
         100,
+    ),
+    Setting(
+        "rate_limit_backoff_seconds",
+        "int",
+        300,
+        "How long a rate-limited coder is held back when its provider gave no reset time.",
+        1,
+        7 * 86400,
     ),
     Setting(
         "stop_grace_seconds",
@@ -202,6 +232,14 @@ CODER_SETTINGS: tuple[Setting, ...] = (
     Setting("binary", "str", "", "Program to run; empty means the coder's usual name on PATH."),
     Setting("args", "list", [], "Extra arguments added to the coder's command line."),
     Setting("env", "table", {}, "Extra environment variables for the coder."),
+    Setting("models", "table", {}, "Model aliases: a task's model name -> the name passed on."),
+    Setting(
+        "format",
+        "str",
+        "",
+        "For a coder of your own: the stream format of its output (a built-in coder's name,"
+        " `fleet` for fleet's JSON events, or `lines`); it then runs `binary args... PROMPT`.",
+    ),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -69,3 +69,24 @@ def states(scope: Scope, task_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
         if name.startswith("fleet-task@") and name.endswith(".service"):
             found[name[11:-8]] = (props.get("ActiveState", ""), props.get("StatusText", ""))
     return found
+
+
+def run_later(scope: Scope, unit: str, seconds: int, paths: Paths) -> None:
+    """A transient timer that runs one fleet-claim pass in `seconds` (a rate-limit reset)."""
+    import sys
+
+    claim = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "fleet-claim")
+    run(
+        [
+            "systemd-run",
+            *(["--user"] if scope == "user" else []),
+            f"--unit={unit}",
+            f"--on-active={seconds}",
+            "--timer-property=AccuracySec=1s",
+            f"--setenv=FLEET_HOME={paths.home}",
+            f"--setenv=FLEET_SCOPE={scope}",
+            "--collect",
+            claim,
+            "--quiet",
+        ]
+    )

@@ -7,6 +7,7 @@ Everything is created 0700 and written temp-then-rename.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from fleet.fsutil import write_atomic
@@ -30,19 +31,51 @@ def prepare(paths: Paths, task: Task) -> tuple[Path, Path]:
     return directory, artifacts
 
 
-def compose_prompt(task: Task, artifacts: Path) -> str:
-    parts = [f"# {task.title}", ""]
-    if task.description.strip():
-        parts += [task.description.rstrip(), ""]
-    parts += [
-        "---",
-        f"You are working on fleet task {task.id} (attempt {task.attempts}) in {task.cwd}.",
-        f"Keep your plan and progress in {artifacts}/PLAN_AND_STATUS.md and what you learn"
-        f" in {artifacts}/KNOWLEDGE.md; read them first, a previous attempt may have left them.",
-        f'When the task is done, run: fleet close {task.id} --reason "<what you did>"',
-        f'If you cannot go on without a person, run: fleet block {task.id} --reason "<why>"',
-    ]
-    return "\n".join(parts) + "\n"
+DEFAULT_PROMPT = """# $title
+
+$description
+---
+You are working on fleet task $task_id (attempt $attempt) in $cwd.
+$previous
+Keep your plan and progress in $artifact_dir/PLAN_AND_STATUS.md and what you learn in
+$artifact_dir/KNOWLEDGE.md; read them first, a previous attempt may have left them.
+When the task is done, run: fleet close $task_id --reason "<what you did>"
+If you cannot go on without a person, run: fleet block $task_id --reason "<why>"
+"""
+PREVIOUS = {
+    "context-pressure": "Your previous attempt filled its context window and was stopped. Read"
+    " PLAN_AND_STATUS.md first and carry on from where it says the work stands.",
+    "rate-limited": "Your previous attempt was stopped by a provider rate limit; carry on from"
+    " PLAN_AND_STATUS.md.",
+    "interrupted": "Your previous attempt was interrupted by a shutdown; carry on from"
+    " PLAN_AND_STATUS.md.",
+}
+TEMPLATE = "prompt.md"  # in the configuration directory, overrides DEFAULT_PROMPT
+
+
+def compose_prompt(
+    task: Task, artifacts: Path, previous: str | None = None, config_dir: Path | None = None
+) -> str:
+    """The prompt from `prompt.md` in the configuration directory, or the default template.
+
+    Placeholders: $task_id $title $description $cwd $artifact_dir $attempt $previous
+    (what happened to the previous attempt, when the agent should know).
+    """
+    from string import Template
+
+    text = DEFAULT_PROMPT
+    if config_dir is not None:
+        with contextlib.suppress(OSError):
+            text = (config_dir / TEMPLATE).read_text(encoding="utf-8")
+    return Template(text).safe_substitute(
+        task_id=task.id,
+        title=task.title,
+        description=task.description.rstrip() + "\n" if task.description.strip() else "",
+        cwd=task.cwd,
+        artifact_dir=str(artifacts),
+        attempt=task.attempts,
+        previous=PREVIOUS.get(previous or "", ""),
+    )
 
 
 def write_prompt(directory: Path, prompt: str) -> Path:

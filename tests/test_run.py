@@ -244,3 +244,120 @@ def test_configured_secrets_and_coder_env_secrets_are_redacted(fleet: Fleet, pro
     tid = fleet.add("leaky", "--coder", "command", "-d", 'echo "$PLAIN_NAME $SERVICE_TOKEN"')
     result = run(tid, project, PLAIN_NAME="plain-but-secret")
     assert [e["text"] for e in events(result.stdout)] == ["[REDACTED] [REDACTED]"]
+
+
+def test_context_pressure_stops_and_requeues_with_a_note(
+    fleet: Fleet, project: Path, home: Path
+) -> None:
+    fleet.ok("config", "set", "context_pressure_pct=80", 'context_limits={"tiny" = 1000}')
+    name = stream(
+        project / "s.jsonl",
+        {"event": "usage", "tokens_in": 500, "context": 500},
+        {"event": "usage", "tokens_in": 900, "context": 850},
+        {"sleep": 600},
+    )
+    tid = fleet.add("big", "--coder", "replay", "--model", "tiny-model", "-d", name)
+    result = run(tid, project)
+    assert result.returncode == 7, result.stderr
+    shown = task(fleet, tid)
+    assert (shown["status"], shown["failures"], shown["noclose"]) == ("ready", 0, 0)
+    assert shown["attempt_log"][0]["outcome"] == "context-pressure"
+    stream(project / "s.jsonl", {"run": ["fleet", "close", "$FLEET_TASK_ID"]})
+    assert run(tid, project).returncode == 0
+    prompt = (home / "tasks" / tid / "prompt.md").read_text()
+    assert "previous attempt filled its context window" in prompt
+    assert "PLAN_AND_STATUS.md" in prompt
+
+
+def test_rate_limit_holds_back_that_coder_only(fleet: Fleet, project: Path) -> None:
+    from fleet.paths import resolve
+    from fleet.store import open_store
+    from fleet.timeutil import parse
+
+    reset = time.time() + 3600
+    name = stream(
+        project / "s.jsonl",
+        {
+            "event": "rate_limit",
+            "rate_status": "rejected",
+            "resets_at": reset,
+            "limit_type": "five_hour",
+            "utilization": 1.0,
+        },
+        {"event": "result", "text": "You've hit your limit", "is_error": True},
+        {"exit": 1},
+    )
+    tid = fleet.add("limited", "--coder", "replay", "-d", name)
+    other = fleet.add("other coder", "--coder", "command", "-d", "true")
+    waiting = fleet.add("same coder", "--coder", "replay", "-d", name)
+    assert run(tid, project).returncode == 6
+    shown = task(fleet, tid)
+    assert (shown["status"], shown["failures"]) == ("ready", 0)
+    assert shown["attempt_log"][0]["outcome"] == "rate-limited"
+    store = open_store(resolve())
+    try:
+        until, why = store.gates()["coder:replay"]
+        assert until is not None and abs(parse(until) - reset) < 0.01
+        assert "five_hour" in str(why)
+        (gauge,) = store.gauges()
+        assert (gauge["coder"], gauge["window"], gauge["status"]) == (
+            "replay",
+            "five_hour",
+            "rejected",
+        )
+        claimed = [t.id for t in store.claim(10, "test", 60, "claude", None)]
+    finally:
+        store.close()
+    assert claimed == [other]  # the rate-limited coder's tasks wait; others run
+    assert waiting not in claimed
+
+
+def test_a_coder_declared_in_configuration(fleet: Fleet, project: Path, tmp_path: Path) -> None:
+    tool = tmp_path / "mytool"
+    tool.write_text(
+        "#!/bin/sh\n"
+        'printf \'{"event": "text", "text": "got %s chars"}\\n\' "${#1}"\n'
+        'fleet close "$FLEET_TASK_ID" >/dev/null\n'
+    )
+    tool.chmod(0o755)
+    fleet.ok("config", "set", f"coders.mytool.binary={tool}", "coders.mytool.format=fleet")
+    tid = fleet.add("mine", "--coder", "mytool")
+    result = run(tid, project)
+    assert result.returncode == 0, result.stderr
+    (event,) = events(result.stdout)
+    assert str(event["text"]).startswith("got ") and task(fleet, tid)["status"] == "done"
+
+
+def test_a_coder_class_from_an_entry_point(fleet: Fleet, project: Path, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "echocoder-1.0.dist-info").mkdir(parents=True)
+    (site / "echocoder-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: echocoder\nVersion: 1.0\n"
+    )
+    (site / "echocoder-1.0.dist-info" / "entry_points.txt").write_text(
+        "[fleet.coders]\necho = echocoder:EchoCoder\n"
+    )
+    (site / "echocoder.py").write_text(
+        "from fleet.coders.command import CommandCoder\n"
+        "class EchoCoder(CommandCoder):\n"
+        "    name = 'echo'\n"
+        "    def argv(self, run):\n"
+        "        return ['/bin/echo', 'plugin says', run.title]\n"
+    )
+    fleet.ok("config", "set", "coders.echo.args=[]")  # makes the name known to `fleet add`
+    tid = fleet.add("hi", "--coder", "echo")
+    result = run(tid, project, PYTHONPATH=str(site))
+    assert result.returncode == 0, result.stderr
+    assert [e["text"] for e in events(result.stdout)] == ["plugin says hi"]
+
+
+def test_prompt_template_from_the_configuration_directory(
+    fleet: Fleet, project: Path, home: Path
+) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "prompt.md").write_text("Do $title in $cwd as $task_id.\n")
+    tid = fleet.add("the thing", "--coder", "command", "-d", "true")
+    run(tid, project)
+    assert (
+        home / "tasks" / tid / "prompt.md"
+    ).read_text() == f"Do the thing in {project} as {tid}.\n"

@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +14,9 @@ from fleet.cli.app import App, cli, pass_app
 from fleet.errors import FleetError
 from fleet.output import emit_objects, emit_table, fmt_of, output_options
 from fleet.paths import Scope
+
+if TYPE_CHECKING:
+    from fleet.config import Config
 
 scope_options = (
     click.option("--user", "scope", flag_value="user", help="Your own units (systemctl --user)."),
@@ -141,23 +145,40 @@ def checks(app: App, scope: Scope) -> list[tuple[bool, str, str, str]]:
     for name, state in zip(ENABLED, enabled + [""] * len(ENABLED), strict=False):
         fix = f"fleet setup{flag}"
         results.append((state == "enabled", "enabled", f"{name}: {state or 'unknown'}", fix))
-    from fleet import coders
 
     names = {config.get_str("default_coder")}
     names |= {k.split(".")[1] for k in config.values if k.startswith("coders.")}
     for name in sorted(names):
-        known = coders.classes().get(name)
-        if known is None:
-            fix = "it arrives with a later fleet version; choose another default_coder"
-            results.append((False, "coder", f"{name}: not supported yet", fix))
-            continue
-        binary = coders.settings_for(config, name).binary or known.default_binary
-        found = shutil.which(binary)
-        fix = f"install it, or set coders.{name}.binary"
-        results.append(
-            (found is not None, "coder", f"{name}: {found or binary + ' not found'}", fix)
-        )
+        results.append(coder_check(config, name))
     return results
+
+
+def coder_check(config: Config, name: str) -> tuple[bool, str, str, str]:
+    """Whether coder `name` can run here: its class or declaration, its binary, its version."""
+    from fleet import coders
+    from fleet.proc import run
+
+    try:
+        coder = coders.get(config, name)
+    except FleetError as e:
+        return False, "coder", f"{name}: {e.message}", e.hint or ""
+    found = shutil.which(coder.binary)
+    if found is None:
+        return (
+            False,
+            "coder",
+            f"{name}: {coder.binary} not found",
+            f"install it, or set coders.{name}.binary",
+        )
+    if not type(coder).tested_versions:
+        return True, "coder", f"{name}: {found}", ""
+    try:
+        version = run([found, "--version"], timeout=20).stdout.strip().splitlines()[0]
+    except (FleetError, IndexError):
+        return False, "coder", f"{name}: {found} does not report a version", "reinstall it"
+    known = any(v in version for v in type(coder).tested_versions)
+    note = "known to fleet" if known else "not a version fleet was tested with"
+    return True, "coder", f"{name}: {found} {version} ({note})", ""
 
 
 @cli.command()

@@ -37,10 +37,17 @@ class Event:
     text: str = ""
     tool: str | None = None
     session: str | None = None
-    tokens_in: int | None = None
+    tokens_in: int | None = None  # totals of the run so far (USAGE) or final (RESULT)
     tokens_out: int | None = None
     cost: float | None = None
     is_error: bool = False
+    context: int | None = None  # tokens in the model's context window right now
+    # RATE_LIMIT events: allowed, allowed_warning or rejected; when the window resets (epoch
+    # seconds); how much of it is used (0-1); which window (five_hour, seven_day, …).
+    rate_status: str | None = None
+    resets_at: float | None = None
+    utilization: float | None = None
+    limit_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class CoderSettings:
     binary: str = ""
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    models: Mapping[str, str] = field(default_factory=dict)  # alias -> model name
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,11 @@ class Tally:
     result_seen: bool = False
     result_error: bool = False
     last_error: str | None = None
+    context: int | None = None
+    rate_status: str | None = None
+    resets_at: float | None = None
+    utilization: float | None = None
+    limit_type: str | None = None
 
     def add(self, event: Event) -> None:
         if event.session:
@@ -96,6 +109,15 @@ class Tally:
                 self.tokens_out = event.tokens_out
             if event.cost is not None:
                 self.cost = event.cost
+        if event.context is not None:
+            self.context = event.context
+        if event.kind == Kind.RATE_LIMIT:
+            self.rate_status = event.rate_status or self.rate_status
+            if event.resets_at is not None:
+                self.resets_at = event.resets_at
+            if event.utilization is not None:
+                self.utilization = event.utilization
+            self.limit_type = event.limit_type or self.limit_type
         if event.kind == Kind.ERROR:
             self.last_error = event.text
         if event.kind == Kind.RESULT:
@@ -107,12 +129,17 @@ class Verdict(enum.StrEnum):
     SUCCESS = "success"
     FAILURE = "failure"
     KILLED = "killed"
+    RATE_LIMITED = "rate-limited"  # the provider refused: not the task's fault
+    CONTEXT_PRESSURE = "context-pressure"  # fleet stopped it to start over with a fresh context
 
 
 class Coder(ABC):
     name: ClassVar[str]
     default_binary: ClassVar[str]
     stop_signal: ClassVar[int] = signal.SIGTERM
+    default_context: ClassVar[int] = 200_000  # tokens, when the model's window is not known
+    # The versions this coder class was verified against (`fleet doctor` says if others run).
+    tested_versions: ClassVar[tuple[str, ...]] = ()
     # A command's exit 0 means the task is done; an agent must close its task explicitly.
     closes_on_success: ClassVar[bool] = False
 
@@ -122,6 +149,12 @@ class Coder(ABC):
     @property
     def binary(self) -> str:
         return self.settings.binary or self.default_binary
+
+    def model(self, run: RunSpec) -> str | None:
+        """The model to pass on: the task's, through the coder's aliases."""
+        if run.model is None:
+            return None
+        return self.settings.models.get(run.model, run.model)
 
     @abstractmethod
     def argv(self, run: RunSpec) -> list[str]: ...
@@ -137,6 +170,8 @@ class Coder(ABC):
 
     def verdict(self, returncode: int, tally: Tally) -> Verdict:
         """Judge the finished process (`returncode` < 0 means killed by that signal)."""
+        if tally.rate_status == "rejected":
+            return Verdict.RATE_LIMITED
         if returncode < 0 and not tally.result_seen:
             return Verdict.KILLED
         if tally.result_seen:

@@ -24,7 +24,9 @@ from typing import Any
 
 from fleet.coders.base import Coder, Event, Kind, RunSpec
 
-_FIELDS = ("text", "tool", "session", "tokens_in", "tokens_out", "cost", "is_error")
+_TEXT = ("text", "tool", "session", "rate_status", "limit_type")
+_INT = ("tokens_in", "tokens_out", "context")
+_REAL = ("cost", "resets_at", "utilization")
 
 
 class ReplayCoder(Coder):
@@ -47,19 +49,17 @@ def parse_event(line: str) -> Sequence[Event]:
         return (Event(Kind.RAW, line),)
     if not isinstance(obj, dict) or obj.get("event") not in Kind.__members__.values():
         return (Event(Kind.RAW, line),)
-    values: dict[str, Any] = {}
-    for name in _FIELDS:
+    values: dict[str, Any] = {"is_error": obj.get("is_error") is True}
+    for name in _TEXT:
         value = obj.get(name)
-        if name == "text":
-            values[name] = value if isinstance(value, str) else ""
-        elif name == "is_error":
-            values[name] = value is True
-        elif name in ("tokens_in", "tokens_out"):
-            values[name] = value if isinstance(value, int) and not isinstance(value, bool) else None
-        elif name == "cost":
-            values[name] = float(value) if isinstance(value, int | float) else None
-        else:
-            values[name] = value if isinstance(value, str) else None
+        values[name] = value if isinstance(value, str) else "" if name == "text" else None
+    for name in _INT:
+        value = obj.get(name)
+        values[name] = value if isinstance(value, int) and not isinstance(value, bool) else None
+    for name in _REAL:
+        value = obj.get(name)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        values[name] = float(value) if number and value is not None else None
     return (Event(Kind(obj["event"]), **values),)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from fleet.errors import InputError
 from fleet.model import Attempt, AttemptEnd, Status, Task, TaskEdit, TaskSpec
@@ -92,6 +92,19 @@ class Store(Protocol):
         ...
 
     def clear_gate(self, name: str) -> bool: ...
+
+    def record_gauge(
+        self,
+        coder: str,
+        window: str,
+        status: str | None,
+        utilization: float | None,
+        resets_at: float | None,
+    ) -> None:
+        """Keep the latest rate-limit reading of a coder's provider for one window."""
+        ...
+
+    def gauges(self) -> list[dict[str, Any]]: ...
 
     # The runner's changes
     def claim(

@@ -59,6 +59,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             session_id TEXT,
             PRIMARY KEY (task, n)
         ) WITHOUT ROWID""",
+        # The last rate-limit reading of each coder's provider, per window (five_hour, …).
+        """CREATE TABLE gauges (
+            coder TEXT NOT NULL,
+            window TEXT NOT NULL,
+            status TEXT,
+            utilization REAL,
+            resets_at TEXT,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (coder, window)
+        ) WITHOUT ROWID""",
         # Gates stop claims: `pause` for everything, `coder:NAME` for one coder until a time.
         """CREATE TABLE gates (
             name TEXT PRIMARY KEY,

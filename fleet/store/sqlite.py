@@ -610,6 +610,37 @@ class SQLiteStore:
         with self._write() as db:
             return db.execute("DELETE FROM gates WHERE name = ?", (name,)).rowcount > 0
 
+    def record_gauge(
+        self,
+        coder: str,
+        window: str,
+        status: str | None,
+        utilization: float | None,
+        resets_at: float | None,
+    ) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO gauges (coder, window, status, utilization, resets_at,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    coder,
+                    window,
+                    status,
+                    utilization,
+                    iso(resets_at) if resets_at else None,
+                    now_iso(),
+                ),
+            )
+
+    def gauges(self) -> list[dict[str, Any]]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT coder, window, status, utilization, resets_at, updated_at FROM gauges"
+                " ORDER BY coder, window"
+            ).fetchall()
+        keys = ("coder", "window", "status", "utilization", "resets_at", "updated_at")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
     def renew(self, task_id: str, owner: str, lease_s: float) -> bool:
         with self._write() as db:
             row = db.execute(
