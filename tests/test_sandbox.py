@@ -79,8 +79,8 @@ def test_notify_template_unit_reports_ready_and_status(systemd: Sandbox, tmp_pat
     app = tmp_path / "notify_app.py"
     app.write_text(
         "import signal, sys\n"
-        "from sdnotify import SystemdNotifier\n"
-        "SystemdNotifier().notify(f'READY=1\\nSTATUS=serving {sys.argv[1]}')\n"
+        "from fleet.notify import Notifier\n"
+        "Notifier().ready(f'serving {sys.argv[1]} ✓')\n"
         "signal.pause()\n"
     )
     systemd.write_unit(
@@ -91,7 +91,7 @@ def test_notify_template_unit_reports_ready_and_status(systemd: Sandbox, tmp_pat
     try:
         assert systemd.systemctl("is-active", "notify-app@alpha").stdout.strip() == "active"
         status = systemd.systemctl("show", "-p", "StatusText", "--value", "notify-app@alpha")
-        assert status.stdout.strip() == "serving alpha"
+        assert status.stdout.strip() == "serving alpha ✓"  # not only Latin-1
     finally:
         systemd.systemctl("stop", "notify-app@alpha.service")
 
