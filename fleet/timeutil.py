@@ -19,7 +19,8 @@ def now_iso() -> str:
 
 
 def parse(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    # Since Python 3.11 fromisoformat reads the trailing Z as UTC, ten times faster than strptime.
+    return datetime.fromisoformat(text).timestamp()
 
 
 def ago(text: str | None, now: float | None = None) -> str:

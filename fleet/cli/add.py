@@ -148,17 +148,25 @@ def read_batch(app: App, source: str, default_cwd: str | None) -> tuple[list[Tas
     if not objs:
         raise InputError(f"{name} holds no tasks", hint="give one JSON object per line")
     refs = {o["ref"] for _, o in objs if isinstance(o.get("ref"), str)}
+    default_cwd = default_cwd or inputs.cwd(None)
+    cwds: dict[str, str] = {}  # a batch names few directories: check each once
     specs: list[TaskSpec] = []
     for number, obj in objs:
         try:
-            specs.append(_spec(app, obj, refs, default_cwd))
+            specs.append(_spec(app, obj, refs, default_cwd, cwds))
         except FleetError as e:
             # Keep the error's class, and with it the exit status (no task: 3, config: 5).
             raise type(e)(f"{name} line {number}: {e.message}", e.hint) from None
     return specs, [number for number, _ in objs]
 
 
-def _spec(app: App, obj: dict[str, Any], refs: set[str], default_cwd: str | None) -> TaskSpec:
+def _spec(
+    app: App,
+    obj: dict[str, Any],
+    refs: set[str],
+    default_cwd: str,
+    cwds: dict[str, str],
+) -> TaskSpec:
     from fleet import inputs
 
     unknown = sorted(set(obj) - set(BATCH_KEYS))
@@ -194,10 +202,12 @@ def _spec(app: App, obj: dict[str, Any], refs: set[str], default_cwd: str | None
         raise InputError("title is missing")
     coder, model, ref, parent = text("coder"), text("model"), text("ref"), text("parent")
     cwd = text("cwd")
+    if cwd is not None and cwd not in cwds:
+        cwds[cwd] = inputs.cwd(cwd)
     return TaskSpec(
         title=inputs.title(title),
         description=inputs.free_text("description", text("description") or ""),
-        cwd=inputs.cwd(cwd) if cwd is not None else default_cwd or inputs.cwd(None),
+        cwd=cwds[cwd] if cwd is not None else default_cwd,
         coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
         model=inputs.name("model", model) if model else None,
         priority=priority,

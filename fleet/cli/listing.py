@@ -31,12 +31,14 @@ def _state(task: Task) -> str:
 
 def live_units(app: App, tasks: Iterable[Task]) -> dict[str, tuple[str, str]]:
     """(ActiveState, status line) of the units of claimed tasks; empty without systemd."""
+    claimed = [t.id for t in tasks if t.claimed_by]
+    if not claimed:
+        return {}  # and spare `fleet ls` importing systemd, proc and subprocess
     from fleet import systemd
     from fleet.errors import FleetError
 
-    claimed = [t.id for t in tasks if t.claimed_by]
     try:
-        return systemd.states(systemd.scope_for(app.paths), claimed) if claimed else {}
+        return systemd.states(systemd.scope_for(app.paths), claimed)
     except FleetError:
         return {}
 

@@ -1,0 +1,59 @@
+"""The benchmarks still run: `python -m tests.bench --quick` exits 0 and prints every figure.
+
+Only the shape of the output is checked, never a time: the figures of a quick run on a shared
+machine say nothing about the targets. The one value checked is the claim benchmark's count of
+double claims, which must be 0 whatever the machine.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+MET = r", (met|MISSED)\)"  # the reader's hint after a target; either word is fine here
+# One regular expression per figure line a quick run must print exactly once.
+EXPECTED = (
+    r"python -c pass \(interpreter floor\): median [\d.]+ ms \(no target\)",
+    r"fleet --help: median [\d.]+ ms \(target <= 150 ms" + MET,
+    r"fleet ls, empty store: median [\d.]+ ms \(target <= 150 ms" + MET,
+    r"fleet ls, new store \(creates it\): median [\d.]+ ms \(no target\)",
+    r"fleet ls, empty store, PYTHONDONTWRITEBYTECODE=1: median [\d.]+ ms \(no target\)",
+    r"fleet ls without vs with bytecode cache: ratio [\d.]+x",
+    r"ls --json, 2000 tasks: median [\d.]+ s \(target <= 1 s" + MET,
+    r"ls \(table\), 2000 tasks: median [\d.]+ s \(no target\)",
+    r"ls table vs --json, 2000 tasks: ratio [\d.]+x",
+    r"add --batch, 200 tasks: median [\d.]+ s \(target <= 2 s" + MET,
+    r"Store\.add\(\) in-process, 200 tasks: median [\d.]+ s \(no target\)",
+    r"add --batch vs Store\.add\(\), 200 tasks: ratio [\d.]+x",
+    r"claim, 4 claimers, 200 tasks: median [\d.]+ claims/s \(target >= 500 claims/s" + MET,
+    r"claim safety, 4 claimers, 200 tasks: double claims 0, lost 0 over 3 runs \(target 0\)",
+    r"claim, 1 claimer, 200 tasks: median [\d.]+ claims/s \(target >= 500 claims/s" + MET,
+    r"claim safety, 1 claimer, 200 tasks: double claims 0, lost 0 over 3 runs \(target 0\)",
+    r"claim, 4 vs 1 claimers: ratio [\d.]+x",
+)
+
+
+def test_quick_benchmarks_print_every_figure() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.bench", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    lines = proc.stdout.splitlines()
+    safety = [line for line in lines if line.startswith("claim safety")]
+    assert safety, output
+    for line in safety:
+        assert "double claims 0, lost 0 " in line, line
+    for pattern in EXPECTED:
+        matches = [line for line in lines if re.match(pattern, line)]
+        assert len(matches) == 1, f"{pattern!r} matched {len(matches)} lines in:\n{output}"
+    figures = [line for line in lines if not line.startswith(("#", " "))]
+    assert len(figures) == len(EXPECTED), output
