@@ -66,7 +66,8 @@ def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     tty = sys.stderr.isatty()
     inotify = INotify()
-    inotify.add_watch(app.paths.home, iflags.MODIFY | iflags.CREATE | iflags.MOVED_TO)
+    # The store touches fleet.lock after every commit (see fleet.store.sqlite).
+    inotify.add_watch(app.paths.lock, iflags.ATTRIB)
     try:
         while True:
             tasks = [app.store.get(t) for t in task_ids]
@@ -84,7 +85,6 @@ def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
                     sys.stderr.write("\n")
                 waiting = " ".join(t.id for t in tasks if not _settled(t))
                 raise TimedOut(f"timed out waiting for {waiting}")
-            # Every store write touches fleet.db-wal in this directory.
             inotify.read(timeout=None if left is None else int(left * 1000) + 1)
     finally:
         inotify.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +50,32 @@ def _text(value: Any) -> str:
     if isinstance(value, list):  # journald sends undecodable fields as byte lists
         return bytes(value).decode("utf-8", "replace")
     return "" if value is None else str(value)
+
+
+class Uninterrupted:
+    """Holds SIGINT and SIGTERM back while an entry is printed and its cursor saved, so that an
+    interrupted `fleet logs --cursor-file` never leaves a printed entry with an unsaved cursor
+    (which the next run would print again)."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.pending = False
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handler)
+
+    def _handler(self, signum: int, frame: object) -> None:
+        if self.busy:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> None:
+        self.busy = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.busy = False
+        if self.pending:
+            raise KeyboardInterrupt
 
 
 def line(rec: dict[str, Any]) -> str:
@@ -103,12 +130,14 @@ def logs(
     if attempt is not None:
         argv.append(f"FLEET_ATTEMPT={attempt}")
     out = sys.stdout
+    uninterrupted = Uninterrupted()
     for raw in stream(argv):
         if not raw.startswith("{"):
             continue
         rec = entry(json.loads(raw))
         cursor = rec.pop("cursor")
-        out.write(json.dumps(rec, ensure_ascii=False) + "\n" if as_json else line(rec) + "\n")
-        out.flush()
-        if cursor_file is not None and cursor:
-            write_atomic(cursor_file, cursor.encode(), durable=False)
+        with uninterrupted:
+            out.write(json.dumps(rec, ensure_ascii=False) + "\n" if as_json else line(rec) + "\n")
+            out.flush()
+            if cursor_file is not None and cursor:
+                write_atomic(cursor_file, cursor.encode(), durable=False)

@@ -4,6 +4,8 @@ Invariants:
 - every write runs as BEGIN IMMEDIATE while holding an exclusive flock on `fleet.lock`, so
   fleet's own writers queue in the kernel (woken at once, no busy-wait back-off) and SQLite's
   busy timeout is only a fallback for foreign processes such as the sqlite3 shell;
+- every committed write then touches `fleet.lock` (IN_ATTRIB), so a watcher woken by it
+  always sees the new state;
 - every transition's UPDATE carries the state it expects in its WHERE clause, so the code stays
   correct on a backend without a global write lock;
 - tasks are read as JSON built by SQLite from `TASK_FIELDS`, so `--json` output and `Task`
@@ -169,6 +171,9 @@ class SQLiteStore:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+            # Announce the commit: the WAL's last write comes before the commit is visible
+            # (that happens in shared memory, which inotify cannot see); this comes after.
+            os.utime(self._lock_fd)
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
