@@ -203,6 +203,33 @@ class Attempt:
             signal_group(self.pgid, self.coder.stop_signal)
 
 
+def descendant_sessions(root: int) -> set[int]:
+    """Session ids of every process below `root` (ppid chains from /proc).
+
+    Agent CLIs run their tools in sessions of their own, which a signal to the agent's process
+    group never reaches. Under systemd the unit's cgroup takes care of them; run by hand, the
+    runner remembers these sessions and kills them when the attempt ends.
+    """
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            todo.append(child)
+            with contextlib.suppress(OSError):
+                found.add(os.getsid(child))
+    return found
+
+
 def signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signum)
@@ -236,12 +263,18 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     next_status = now
     exited = eof = False
     drain_until = float("inf")
+    # Only by hand: under systemd the cgroup holds every tool, and scanning costs CPU.
+    sweep = not os.environ.get("INVOCATION_ID")
+    next_scan = now if sweep else float("inf")
+    sessions: set[int] = set()
     if (directory / taskdir.KILL).exists():
         run.stop("kill-file")
     try:
         while not (eof and exited):
             now = time.monotonic()
-            wake_at = min(next_ping, next_renew, next_status, drain_until, run.kill_at or 1e18)
+            wake_at = min(
+                next_ping, next_renew, next_status, drain_until, next_scan, run.kill_at or 1e18
+            )
             for key, _ in sel.select(max(0.0, wake_at - now)):
                 what = key.data
                 if what == "out":
@@ -260,6 +293,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     proc.wait()
                     # A tool still holding stdout open must not keep the attempt alive.
                     drain_until = time.monotonic() + 1.0
+                    next_scan = float("inf")
                 elif what == "inotify":
                     if any(e.name == taskdir.KILL for e in inotify.read(timeout=0)):
                         run.stop("kill-file")
@@ -281,10 +315,15 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
             if run.kill_at is not None and now >= run.kill_at:
                 signal_group(proc.pid, signal.SIGKILL)
                 run.kill_at = None
+            if not exited and now >= next_scan:
+                sessions |= descendant_sessions(proc.pid)
+                next_scan = now + 1.0
             if exited and not eof and now >= drain_until:
                 signal_group(proc.pid, signal.SIGKILL)
                 eof = True
         run.flush()
+        for sid in sessions - {proc.pid, os.getsid(0)}:
+            signal_group(sid, signal.SIGKILL)  # tools the agent left behind in their sessions
     finally:
         signal.set_wakeup_fd(old_fd)
         sel.close()

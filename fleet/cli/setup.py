@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -173,7 +174,10 @@ def coder_check(config: Config, name: str) -> tuple[bool, str, str, str]:
     if not type(coder).tested_versions:
         return True, "coder", f"{name}: {found}", ""
     try:
-        version = run([found, "--version"], timeout=20).stdout.strip().splitlines()[0]
+        # Some CLIs write into their home even for --version: give them a throwaway one.
+        with tempfile.TemporaryDirectory() as scratch:
+            env = {"HOME": scratch, "GEMINI_CLI_HOME": scratch, "XDG_CONFIG_HOME": scratch}
+            version = run([found, "--version"], timeout=20, env=env).stdout.strip().splitlines()[0]
     except (FleetError, IndexError):
         return False, "coder", f"{name}: {found} does not report a version", "reinstall it"
     known = any(v in version for v in type(coder).tested_versions)
