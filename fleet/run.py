@@ -465,7 +465,9 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         verdict = Verdict.CONTEXT_PRESSURE
     else:
         verdict = Verdict.KILLED if run.stopped_by else coder.verdict(rc, run.tally)
-    reason = run.stopped_by or run.tally.last_error or (f"exit status {rc}" if rc else "")
+    # A coder's non-fatal notices are not the reason a successful attempt ended.
+    last = run.tally.last_error if verdict != Verdict.SUCCESS else None
+    reason = run.stopped_by or last or (f"exit status {rc}" if rc else "")
     return finish(
         str(verdict),
         reason,

@@ -130,7 +130,7 @@ SETTINGS: tuple[Setting, ...] = (
         {
             "[1m]": 1_000_000,
             "claude": 200_000,
-            "gpt-5": 400_000,
+            "gpt-5": 272_000,  # the input window; its 400k total includes 128k of output
             "gpt-4.1": 1_047_576,
             "gemini": 1_048_576,
         },

@@ -39,8 +39,8 @@ You are working on fleet task $task_id (attempt $attempt) in $cwd.
 $previous
 Keep your plan and progress in $artifact_dir/PLAN_AND_STATUS.md and what you learn in
 $artifact_dir/KNOWLEDGE.md; read them first, a previous attempt may have left them.
-When the task is done, run: fleet close $task_id --reason "<what you did>"
-If you cannot go on without a person, run: fleet block $task_id --reason "<why>"
+When the task is done, run: $fleet close $task_id --reason "<what you did>"
+If you cannot go on without a person, run: $fleet block $task_id --reason "<why>"
 """
 PREVIOUS = {
     "context-pressure": "Your previous attempt filled its context window and was stopped. Read"
@@ -59,8 +59,11 @@ def compose_prompt(
     """The prompt from `prompt.md` in the configuration directory, or the default template.
 
     Placeholders: $task_id $title $description $cwd $artifact_dir $attempt $previous
-    (what happened to the previous attempt, when the agent should know).
+    (what happened to the previous attempt, when the agent should know) and $fleet, the
+    absolute path of the `fleet` command (a login shell may reset the agent's PATH).
     """
+    import os
+    import sys
     from string import Template
 
     text = DEFAULT_PROMPT
@@ -75,6 +78,7 @@ def compose_prompt(
         artifact_dir=str(artifacts),
         attempt=task.attempts,
         previous=PREVIOUS.get(previous or "", ""),
+        fleet=os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "fleet"),
     )
 
 
