@@ -16,6 +16,7 @@ from fleet.config import Config
 from fleet.errors import ConfigError
 
 BUILTIN: dict[str, str] = {
+    "claude": "fleet.coders.claude:ClaudeCoder",
     "codex": "fleet.coders.codex:CodexCoder",
     "gemini": "fleet.coders.gemini:GeminiCoder",
     "command": "fleet.coders.command:CommandCoder",

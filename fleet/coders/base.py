@@ -37,7 +37,8 @@ class Event:
     text: str = ""
     tool: str | None = None
     session: str | None = None
-    tokens_in: int | None = None  # totals of the run so far (USAGE) or final (RESULT)
+    # Totals of the run so far (USAGE) or final (RESULT); input counts cached tokens too.
+    tokens_in: int | None = None
     tokens_out: int | None = None
     cost: float | None = None
     is_error: bool = False

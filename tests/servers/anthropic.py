@@ -1,0 +1,209 @@
+"""A scripted Anthropic Messages API (`POST /v1/messages`, SSE) for the real Claude Code CLI.
+
+The scenario comes from a marker in the prompt, `FLEET-SCENARIO:NAME` or `FLEET-SCENARIO:NAME:KEY`
+(put it in the task's description); the step within it from how many assistant turns the
+request's history already holds. Requests without tools (the CLI's side calls, such as titles)
+get a short text answer, `count_tokens` a fixed count, and every answer reports usage: input
+1200, cache creation 100, cache read 500 and output 30 per call (1 at `message_start`, as the
+real API reports it provisionally), so a test can check how the coder adds tokens up.
+
+Scenarios:
+
+* ``shell``: write `fleet_out.txt` with the shell tool, run `fleet close $FLEET_TASK_ID --reason
+  done` with it, then answer with text.
+* ``ratelimit``: HTTP 429 on every call, with the unified rate-limit headers (status rejected,
+  reset `RESET_IN` seconds from now, five-hour window) that the CLI reads under OAuth, and
+  `retry-after` (`RETRY_AFTER`), which it honours between its own retries with an API key.
+* ``ratelimit-once``: that 429 on the first call for each KEY, then ``shell``.
+* ``context``: a first answer whose usage says the context is nearly full (`HUGE_INPUT` input
+  tokens) and that starts a long shell command, so the runner has a live agent to stop.
+* ``hang``: a shell command that runs for 300 s (`HANG_COMMAND`).
+
+The long commands sleep in Python: Claude Code 2.1.332 refuses a Bash command that is a plain
+`sleep N` or starts with one ("Blocked: standalone sleep 300").
+
+Calls that succeed carry the unified headers too (allowed, 5-hour utilization 0.2).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from typing import Any, ClassVar
+
+from tests.servers.base import Handler
+
+MARKER = re.compile(r"FLEET-SCENARIO:([a-z-]+)(?::([A-Za-z0-9_-]+))?")
+USAGE = {"input_tokens": 1200, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 500}
+OUTPUT_TOKENS = 30
+HUGE_INPUT = 190_000
+RESET_IN = 3.0
+RETRY_AFTER = 1  # seconds; the CLI waits about that long before each of its own retries
+WRITE_COMMAND = "echo fleet > fleet_out.txt && ls"
+CLOSE_COMMAND = 'fleet close "$FLEET_TASK_ID" --reason done'
+CONTEXT_COMMAND = "python3 -c 'import time; time.sleep(299)'"
+HANG_COMMAND = "python3 -c 'import time; time.sleep(300)'"
+FINAL_TEXT = "Done. All good."
+
+
+def scenario(body: Any) -> tuple[str, str]:
+    """(name, key) from the first marker in the request's messages; ("", "") if none."""
+    found = MARKER.search(json.dumps(body.get("messages", [])) if isinstance(body, dict) else "")
+    return (found.group(1), found.group(2) or "") if found else ("", "")
+
+
+def turns(body: dict[str, Any]) -> int:
+    messages = body.get("messages")
+    return sum(1 for m in messages or [] if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+def unified(status: str, reset: float, utilization: float) -> dict[str, str]:
+    """The `anthropic-ratelimit-unified-*` headers of a five-hour window."""
+    at = str(int(reset))
+    return {
+        "anthropic-ratelimit-unified-status": status,
+        "anthropic-ratelimit-unified-reset": at,
+        "anthropic-ratelimit-unified-representative-claim": "five_hour",
+        "anthropic-ratelimit-unified-5h-status": status,
+        "anthropic-ratelimit-unified-5h-utilization": str(utilization),
+        "anthropic-ratelimit-unified-5h-reset": at,
+    }
+
+
+class AnthropicHandler(Handler):
+    rejected: ClassVar[set[str]]  # keys of `ratelimit-once` that had their 429
+    resets: ClassVar[dict[str, float]]  # key -> the reset time of its last 429
+    lock: ClassVar[threading.Lock]
+
+    def do_GET(self) -> None:
+        self.send_json(404, {"type": "error", "error": {"type": "not_found_error"}})
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        body = self.body()
+        self.log.add("POST", self.path, body)
+        if not isinstance(body, dict):
+            self.send_json(400, {"type": "error", "error": {"type": "invalid_request_error"}})
+        elif "count_tokens" in self.path:
+            self.send_json(200, {"input_tokens": USAGE["input_tokens"]})
+        elif not self.path.startswith("/v1/messages"):
+            self.send_json(404, {"type": "error", "error": {"type": "not_found_error"}})
+        else:
+            self.messages(body)
+
+    def messages(self, body: dict[str, Any]) -> None:
+        name, key = scenario(body)
+        if not body.get("tools"):
+            self.answer(body, [text_block("A title")])
+            return
+        if name == "ratelimit" or (name == "ratelimit-once" and self.first_time(key)):
+            self.too_many(key)
+            return
+        step = turns(body)
+        if name in ("shell", "ratelimit-once"):
+            commands = [WRITE_COMMAND, CLOSE_COMMAND]
+            blocks = [bash(commands[step])] if step < len(commands) else [text_block(FINAL_TEXT)]
+            self.answer(body, blocks)
+        elif name == "context":
+            self.answer(body, [bash(CONTEXT_COMMAND)], input_tokens=HUGE_INPUT)
+        elif name == "hang":
+            self.answer(body, [bash(HANG_COMMAND)] if step == 0 else [text_block(FINAL_TEXT)])
+        else:
+            self.answer(body, [text_block(f"no scenario marker: {name or 'none'}")])
+
+    def first_time(self, key: str) -> bool:
+        with self.lock:
+            if key in self.rejected:
+                return False
+            self.rejected.add(key)
+            return True
+
+    def too_many(self, key: str) -> None:
+        reset = time.time() + RESET_IN
+        with self.lock:
+            self.resets[key] = reset
+        headers = {"retry-after": str(RETRY_AFTER), **unified("rejected", reset, 1.0)}
+        error = {"type": "rate_limit_error", "message": "fake 429 from the scripted server"}
+        self.send_json(429, {"type": "error", "error": error}, headers)
+
+    def answer(
+        self, body: dict[str, Any], blocks: list[dict[str, Any]], input_tokens: int | None = None
+    ) -> None:
+        usage = {**USAGE, "output_tokens": 1}
+        if input_tokens is not None:
+            usage["input_tokens"] = input_tokens
+        uses_tool = any(b["type"] == "tool_use" for b in blocks)
+        message = {
+            "id": f"msg_fake_{turns(body)}_{time.monotonic_ns()}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model", "claude-test"),
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        events: list[tuple[str | None, Any]] = [
+            ("message_start", {"type": "message_start", "message": message})
+        ]
+        for index, block in enumerate(blocks):
+            events += block_events(index, block)
+        delta = {"stop_reason": "tool_use" if uses_tool else "end_turn", "stop_sequence": None}
+        events.append(
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": delta,
+                    "usage": {"output_tokens": OUTPUT_TOKENS},
+                },
+            )
+        )
+        events.append(("message_stop", {"type": "message_stop"}))
+        self.send_sse(events, unified("allowed", time.time() + 4 * 3600, 0.2))
+
+
+def text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def bash(command: str) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": f"toolu_{time.monotonic_ns()}",
+        "name": "Bash",
+        "input": {"command": command, "description": "run a command"},
+    }
+
+
+def block_events(index: int, block: dict[str, Any]) -> list[tuple[str | None, Any]]:
+    start: dict[str, Any]
+    if block["type"] == "text":
+        start = {"type": "text", "text": ""}
+        delta = {"type": "text_delta", "text": block["text"]}
+    else:
+        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+    return [
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": start},
+        ),
+        ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}),
+        ("content_block_stop", {"type": "content_block_stop", "index": index}),
+    ]
+
+
+def handler() -> type[AnthropicHandler]:
+    """A fresh handler class, so that each server keeps its own `ratelimit-once` memory."""
+    return type(
+        "Anthropic",
+        (AnthropicHandler,),
+        {"rejected": set(), "resets": {}, "lock": threading.Lock()},
+    )
