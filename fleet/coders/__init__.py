@@ -18,6 +18,7 @@ from fleet.errors import ConfigError
 BUILTIN: dict[str, str] = {
     "claude": "fleet.coders.claude:ClaudeCoder",
     "codex": "fleet.coders.codex:CodexCoder",
+    "opencode": "fleet.coders.opencode:OpencodeCoder",
     "gemini": "fleet.coders.gemini:GeminiCoder",
     "command": "fleet.coders.command:CommandCoder",
     "replay": "fleet.coders.replay:ReplayCoder",
