@@ -60,6 +60,16 @@ class TimedOut(FleetError):
     exit_code = 124
 
 
+def report(prog: str, error: FleetError) -> int:
+    """Print `prog: error: …` (and `prog: hint: …`) on stderr; the exit status to use."""
+    import sys
+
+    sys.stderr.write(f"{prog}: error: {error.message}\n")
+    if error.hint:
+        sys.stderr.write(f"{prog}: hint: {error.hint}\n")
+    return error.exit_code
+
+
 # The documented exit statuses, in one place, for fleet(1) and the README.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "success"),

@@ -267,6 +267,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     sweep = not os.environ.get("INVOCATION_ID")
     next_scan = now if sweep else float("inf")
     sessions: set[int] = set()
+    last_status = ""
     if (directory / taskdir.KILL).exists():
         run.stop("kill-file")
     try:
@@ -284,6 +285,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                         continue
                     if chunk:
                         run.feed(chunk)
+                        next_status = min(next_status, time.monotonic() + STATUS_EVERY)
                     else:
                         eof = True
                         sel.unregister(out_fd)
@@ -306,8 +308,13 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                 run.notifier.ping()
                 next_ping = now + watchdog
             if now >= next_status:
-                run.notifier.status(run.status_line())
-                next_status = now + STATUS_EVERY
+                line = run.status_line()
+                if line != last_status:  # an idle agent causes no wake-ups but the watchdog's
+                    run.notifier.status(line)
+                    last_status = line
+                    next_status = now + STATUS_EVERY
+                else:
+                    next_status = float("inf")
             if now >= next_renew:
                 next_renew = now + run.lease_s / 3
                 if not run.store.renew(run.task.id, run.me, run.lease_s):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from fleet import __version__
-from fleet.errors import FleetError, InputError
+from fleet.errors import FleetError, InputError, report
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
@@ -135,13 +135,6 @@ def cli(ctx: click.Context, system: bool, overrides: tuple[str, ...]) -> None:
     ctx.call_on_close(app.close)
 
 
-def _print_error(prog: str, message: str, hint: str | None) -> None:
-    err = sys.stderr
-    err.write(f"{prog}: error: {message}\n")
-    if hint:
-        err.write(f"{prog}: hint: {hint}\n")
-
-
 def run(command: click.Command, prog: str, argv: Sequence[str] | None = None) -> int:
     """Run a click command as a program: the exit code for every way it can end."""
     debug = os.environ.get("FLEET_DEBUG", "") not in ("", "0")
@@ -150,8 +143,7 @@ def run(command: click.Command, prog: str, argv: Sequence[str] | None = None) ->
     except FleetError as e:
         if debug:
             raise
-        _print_error(prog, e.message, e.hint)
-        return e.exit_code
+        return report(prog, e)
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.ctx.get_help(), err=True)
         return 2
@@ -159,10 +151,9 @@ def run(command: click.Command, prog: str, argv: Sequence[str] | None = None) ->
         if debug:
             raise
         where = e.ctx.command_path if e.ctx else prog
-        _print_error(prog, e.format_message(), f"see '{where} --help'")
-        return e.exit_code
+        return report(prog, InputError(e.format_message(), f"see '{where} --help'"))
     except click.ClickException as e:
-        _print_error(prog, e.format_message(), None)
+        report(prog, FleetError(e.format_message()))
         return e.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt):
         sys.stderr.write(f"{prog}: interrupted\n")

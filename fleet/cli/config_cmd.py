@@ -61,9 +61,13 @@ def config_set(app: App, assignments: tuple[str, ...]) -> None:
 
     Lists and tables are written as TOML: args='["--verbose"]', env='{HTTP_PROXY = "…"}'.
     """
+    from fleet import wake
     from fleet.config import edit
 
     edit(app.paths, assignments)
+    # The path unit also watches the file, but an edge that arrives during a pass is lost;
+    # the wake directory is level-triggered, so a raised max_concurrent always takes effect.
+    wake.poke(app.paths)
 
 
 @config_group.command("unset")
@@ -71,9 +75,11 @@ def config_set(app: App, assignments: tuple[str, ...]) -> None:
 @pass_app
 def config_unset(app: App, keys: tuple[str, ...]) -> None:
     """Remove keys from the configuration file, so their defaults apply again."""
+    from fleet import wake
     from fleet.config import edit
 
     edit(app.paths, (), keys)
+    wake.poke(app.paths)
 
 
 @config_group.command("path")

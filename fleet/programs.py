@@ -1,0 +1,130 @@
+"""The per-task programs systemd runs (fleet-claim, fleet-run, fleet-reap, fleet-ask): what
+they do, and a start-up path that does not load click or the `fleet` command line.
+
+Every task runs three Python programs one after another (a dispatch pass, the runner, the
+reaper), so their start-up decides how fast a queued task starts and how many tasks a small
+machine finishes per second. The usual invocation (`fleet-run ID`, `fleet-claim --quiet`) is
+parsed here by hand; anything else (`--help`, a wrong argument) goes to the click commands in
+fleet.commands, which also give the man pages. Errors print the same one line either way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from fleet.errors import FleetError, NotYet, report
+
+
+def claim(quiet: bool) -> None:
+    from fleet.claim import dispatch
+    from fleet.config import load_or_last_good
+    from fleet.paths import resolve
+    from fleet.store import open_store
+    from fleet.systemd import current_scope
+
+    paths = resolve()
+    store = open_store(paths)
+    try:
+        result = dispatch(paths, store, load_or_last_good(paths), current_scope())
+    finally:
+        store.close()
+    if result.started or result.recovered or not quiet:
+        sys.stdout.write(
+            f"started {len(result.started)}"
+            + (f": {' '.join(result.started)}" if result.started else "")
+            + f"; recovered {len(result.recovered)}; running {result.running}\n"
+        )
+
+
+def settle(task_id: str) -> tuple[str | None, str]:
+    """Reap the last attempt of `task_id`: (outcome or None, a line saying what happened)."""
+    from fleet.config import load_or_last_good
+    from fleet.paths import resolve
+    from fleet.reap import settle as reap_settle
+    from fleet.store import open_store
+
+    paths = resolve()
+    store = open_store(paths)
+    try:
+        kind = reap_settle(paths, store, load_or_last_good(paths), task_id)
+        task = store.get(task_id)
+    finally:
+        store.close()
+    if not kind:
+        return None, f"{task_id}: no attempt of this unit to reap"
+    return kind, f"{task_id}: {kind} → {task.status}" + (f" ({task.reason})" if task.reason else "")
+
+
+def run(task_id: str) -> int:
+    from fleet.run import attempt, full_id
+
+    task_id = full_id(task_id)
+    code = attempt(task_id)
+    if not os.environ.get("INVOCATION_ID"):  # by hand: nobody else will reap it
+        kind, line = settle(task_id)
+        if kind:
+            sys.stderr.write(f"fleet-run: {line}\n")
+    return code
+
+
+def reap(task_id: str) -> None:
+    from fleet.run import full_id
+
+    _, line = settle(full_id(task_id))
+    sys.stdout.write(line + "\n")
+
+
+def ask() -> None:
+    raise NotYet(
+        "fleet-ask is not implemented yet",
+        hint="the agent's MCP tools arrive with the human-in-the-loop issue",
+    )
+
+
+def _fast(prog: str, argv: Sequence[str]) -> Callable[[], object] | None:
+    """The common invocations, or None for anything click should parse."""
+    if prog in ("fleet-run", "fleet-reap") and len(argv) == 1 and not argv[0].startswith("-"):
+        return (lambda: run(argv[0])) if prog == "fleet-run" else (lambda: reap(argv[0]))
+    if prog == "fleet-claim" and all(a in ("-q", "--quiet") for a in argv):
+        return lambda: claim(bool(argv))
+    if prog == "fleet-ask" and not argv:
+        return ask
+    return None
+
+
+def main(prog: str, argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    action = _fast(prog, args)
+    if action is None:
+        from fleet.cli.app import run as run_click
+        from fleet.commands import PROGRAMS
+
+        return run_click(PROGRAMS[prog], prog, args)
+    try:
+        result = action()
+    except FleetError as e:
+        if os.environ.get("FLEET_DEBUG", "") not in ("", "0"):
+            raise
+        return report(prog, e)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted\n")
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+def claim_main() -> int:
+    return main("fleet-claim")
+
+
+def run_main() -> int:
+    return main("fleet-run")
+
+
+def reap_main() -> int:
+    return main("fleet-reap")
+
+
+def ask_main() -> int:
+    return main("fleet-ask")
