@@ -13,8 +13,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from fleet.errors import FleetError, NotYet, report
+
+if TYPE_CHECKING:
+    from fleet.reap import Service
 
 
 def claim(quiet: bool) -> None:
@@ -38,7 +42,7 @@ def claim(quiet: bool) -> None:
         )
 
 
-def settle(task_id: str) -> tuple[str | None, str]:
+def settle(task_id: str, service: Service | None = None) -> tuple[str | None, str]:
     """Reap the last attempt of `task_id`: (outcome or None, a line saying what happened)."""
     from fleet.config import load_or_last_good
     from fleet.paths import resolve
@@ -48,7 +52,7 @@ def settle(task_id: str) -> tuple[str | None, str]:
     paths = resolve()
     store = open_store(paths)
     try:
-        kind = reap_settle(paths, store, load_or_last_good(paths), task_id)
+        kind = reap_settle(paths, store, load_or_last_good(paths), task_id, service)
         task = store.get(task_id)
     finally:
         store.close()
@@ -62,10 +66,29 @@ def run(task_id: str) -> int:
 
     task_id = full_id(task_id)
     code = attempt(task_id)
-    if not os.environ.get("INVOCATION_ID"):  # by hand: nobody else will reap it
+    invocation = os.environ.get("INVOCATION_ID", "")
+    if not invocation:  # by hand: nobody else will reap it
         kind, line = settle(task_id)
         if kind:
             sys.stderr.write(f"fleet-run: {line}\n")
+        return code
+    # Under systemd, an attempt that ended on its own is settled here, sparing each task the
+    # start-up of fleet-reap; the marker tells ExecStopPost so. A runner that is killed (OOM,
+    # watchdog, SIGKILL) never gets here, and fleet-reap classifies it as before.
+    from fleet import outcome, taskdir
+    from fleet.paths import resolve
+    from fleet.reap import Service, oom_kills
+
+    directory = taskdir.task_dir(resolve(), task_id)
+    found = outcome.read(directory)
+    if found is None or (found.stopped_by or "").startswith("signal"):
+        # Stopped by systemd (a kill, the time limit, a shutdown): only fleet-reap, with
+        # $SERVICE_RESULT, can tell which.
+        return code
+    ended = Service("", "exited", str(code), invocation, oom_kills())
+    kind, line = settle(task_id, ended)
+    sys.stdout.write(line + "\n")
+    (directory / (taskdir.SETTLED + invocation)).touch()
     return code
 
 

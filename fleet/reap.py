@@ -145,9 +145,15 @@ def policy(task: Task, kind: str, reason: str, config: Config) -> tuple[Status, 
     return Status.READY, f"{kind}: {reason}"
 
 
-def settle(paths: Paths, store: Store, config: Config, task_id: str) -> str | None:
-    """Reap the current attempt of `task_id`; the outcome, or None if there was nothing to."""
-    service = Service.from_env()
+def settle(
+    paths: Paths, store: Store, config: Config, task_id: str, service: Service | None = None
+) -> str | None:
+    """Reap the current attempt of `task_id`; the outcome, or None if there was nothing to.
+
+    `service` describes how the runner ended; by default it is read from ExecStopPost's
+    environment.
+    """
+    service = service or Service.from_env()
     task = store.get(task_id)
     found = outcome_file.read(taskdir.task_dir(paths, task_id))
     if found is not None and (

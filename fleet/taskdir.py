@@ -16,6 +16,7 @@ from fleet.paths import Paths, ensure_dir
 
 KILL = ".kill"
 SENTINELS = (KILL,)
+SETTLED = ".settled-"  # + the invocation id: fleet-run applied the policy itself
 
 
 def task_dir(paths: Paths, task_id: str) -> Path:
@@ -28,6 +29,8 @@ def prepare(paths: Paths, task: Task) -> tuple[Path, Path]:
     artifacts = ensure_dir(directory / "artifacts")
     for name in SENTINELS:
         (directory / name).unlink(missing_ok=True)
+    for old in directory.glob(SETTLED + "*"):
+        old.unlink(missing_ok=True)
     return directory, artifacts
 
 

@@ -64,7 +64,9 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             _environment(inst),
             *user,
             f"ExecStart={bindir}/fleet-run %i",
-            f"ExecStopPost={bindir}/fleet-reap %i",
+            # fleet-reap only when fleet-run did not settle the attempt itself ($$: for sh).
+            'ExecStopPost=/bin/sh -c \'test -e "$$0/.settled-$$INVOCATION_ID" || exec "$$@"\''
+            f" {home}/tasks/%i {bindir}/fleet-reap %i",
             "Slice=fleet.slice",
             "KillMode=control-group",
             "TimeoutStartSec=60",

@@ -26,8 +26,9 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_readme_setup_installs_what_ci_installs() -> None:
     setup, _ = readme_commands()
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install -q --disable-pip-version-check -e '.[test]'" in ci
-    assert "pip install -e '.[test]'" in setup and "fleet add" in setup
+    extra = "--config-settings editable_mode=compat"
+    assert f"pip install -q --disable-pip-version-check -e '.[test]' {extra}" in ci
+    assert f"pip install -e '.[test]' {extra}" in setup and "fleet add" in setup
 
 
 def test_readme_documents_every_exit_status() -> None:

@@ -1,8 +1,8 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
-Run from the repository root. NAME picks benchmarks (startup, ls, add, claim; default: all, in
-that order). `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures
-say nothing about the targets.
+Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, units; default:
+all, in that order; units boots a systemd sandbox and needs root). `--quick` uses 1/50 of the
+sizes and 3 runs each, for a smoke test; its figures say nothing about the targets.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from time import perf_counter
 
-from tests.bench import bench_add_batch, bench_claim, bench_cli_startup, bench_ls_json
+from tests.bench import bench_add_batch, bench_claim, bench_cli_startup, bench_ls_json, bench_units
 from tests.bench.common import Options, fleet_exe
 
 BENCHMARKS: dict[str, Callable[[Options], None]] = {
@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_ls_json.NAME: bench_ls_json.main,
     bench_add_batch.NAME: bench_add_batch.main,
     bench_claim.NAME: bench_claim.main,
+    bench_units.NAME: bench_units.main,
 }
 
 
