@@ -57,6 +57,9 @@ TASK_FIELDS: tuple[Field, ...] = (
     Field("updated_at", "text", "UTC ISO 8601 time of the last change"),
     Field("started_at", "text", "UTC ISO 8601 time of the first claim, or null"),
     Field("finished_at", "text", "UTC ISO 8601 time it was last done or cancelled, or null"),
+    Field("tokens_in", "int", "input tokens of all attempts (cached included), or null"),
+    Field("tokens_out", "int", "output tokens of all attempts, or null"),
+    Field("cost", "real", "cost of all attempts in US dollars where reported, or null"),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -98,6 +101,9 @@ class Task:
     updated_at: str
     started_at: str | None
     finished_at: str | None
+    tokens_in: int | None
+    tokens_out: int | None
+    cost: float | None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Task:

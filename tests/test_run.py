@@ -70,6 +70,9 @@ def test_replayed_agent_closes_its_task(fleet: Fleet, project: Path) -> None:
     (attempt,) = shown["attempt_log"]
     assert attempt["outcome"] == "success" and attempt["session_id"] == "sess-1"
     assert (attempt["tokens_in"], attempt["tokens_out"], attempt["cost"]) == (1200, 30, 0.25)
+    (listed,) = json.loads(fleet.ok("ls", "--all", "--json"))
+    assert (listed["tokens_in"], listed["tokens_out"], listed["cost"]) == (1200, 30, 0.25)
+    assert "1.2k/0.0k" in fleet.ok("ls", "--all") and "$0.2500" in fleet.ok("show", tid)
     assert (Path(os.environ["FLEET_HOME"]) / "tasks" / tid / "prompt.md").exists()
 
 

@@ -60,12 +60,20 @@ def _table(app: App, tasks: Iterable[Task]) -> None:
             t.priority,
             t.coder or "-",
             ago(t.updated_at),
+            tokens(t),
             shorten(t.title, 50),
             unit(t),
         )
         for t in tasks
     ]
-    emit_table(("ID", "STATUS", "P", "CODER", "UPDATED", "TITLE", "UNIT"), rows)
+    emit_table(("ID", "STATUS", "P", "CODER", "UPDATED", "TOKENS", "TITLE", "UNIT"), rows)
+
+
+def tokens(t: Task) -> str:
+    """`in/out` in thousands, for tables."""
+    if t.tokens_in is None and t.tokens_out is None:
+        return "-"
+    return f"{(t.tokens_in or 0) / 1000:.1f}k/{(t.tokens_out or 0) / 1000:.1f}k"
 
 
 @cli.command("ls")
@@ -161,6 +169,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("after", opt(", ".join(task.after))),
             ("parent", opt(task.parent)),
             ("attempts", f"{task.attempts} (failures {task.failures}, no-close {task.noclose})"),
+            ("tokens", tokens(task) + ("" if task.cost is None else f", ${task.cost:.4f}")),
             ("claim", opt(claim)),
             ("unit", opt(f"{unit_state}: {unit_status}" if unit_state else "")),
             ("created", task.created_at),

@@ -34,7 +34,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             created_at TEXT NOT NULL,
             updated_at TEXT NOT NULL,
             started_at TEXT,
-            finished_at TEXT
+            finished_at TEXT,
+            tokens_in INTEGER,
+            tokens_out INTEGER,
+            cost REAL
         )""",
         "CREATE INDEX tasks_claim_order ON tasks (status, priority, seq)",
         "CREATE INDEX tasks_parent ON tasks (parent) WHERE parent IS NOT NULL",

@@ -677,6 +677,12 @@ class SQLiteStore:
                 " ELSE finished_at END,"
                 " status = CASE WHEN status = 'running' THEN ? ELSE status END,"
                 " failures = failures + ?, noclose = noclose + ?,"
+                # Totals over attempts, kept on the row so that listings need no aggregation.
+                " tokens_in = CASE WHEN ? IS NULL THEN tokens_in"
+                " ELSE COALESCE(tokens_in, 0) + ? END,"
+                " tokens_out = CASE WHEN ? IS NULL THEN tokens_out"
+                " ELSE COALESCE(tokens_out, 0) + ? END,"
+                " cost = CASE WHEN ? IS NULL THEN cost ELSE COALESCE(cost, 0) + ? END,"
                 " claimed_by = NULL, lease_until = NULL, updated_at = ?"
                 " WHERE id = ? AND claimed_by = ? RETURNING attempts",
                 (
@@ -685,6 +691,12 @@ class SQLiteStore:
                     status.value,
                     int(count == "failure"),
                     int(count == "noclose"),
+                    end.tokens_in,
+                    end.tokens_in,
+                    end.tokens_out,
+                    end.tokens_out,
+                    end.cost,
+                    end.cost,
                     now,
                     task_id,
                     owner,
