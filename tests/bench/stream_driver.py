@@ -1,0 +1,47 @@
+"""Inside a systemd sandbox: normalize recorded CLI streams and journal every event.
+
+Run by bench_stream.py as `python -m tests.bench.stream_driver N`; prints one JSON line per
+coder with the lines/s of parse + redact + journal send (the runner's per-line work) and the
+events written, then the process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+from fleet import coders
+from fleet.config import defaults
+from fleet.events import Context, Sink
+from fleet.journal import Journal
+from fleet.redact import Redactor, secret_values
+
+STREAMS = Path(__file__).resolve().parent.parent / "fixtures" / "streams"
+CODERS = ("claude", "codex", "opencode", "gemini")
+
+
+def main() -> int:
+    n = int(sys.argv[1])
+    config = defaults(Path("/nonexistent/config.toml"))
+    journal = Journal()
+    for name in CODERS:
+        recorded = (STREAMS / f"{name}_shell.jsonl").read_text().splitlines()
+        lines = (recorded * (n // len(recorded) + 1))[:n]
+        coder = coders.get(config, name)
+        sink = Sink(Context(f"fl-bench-{name}", 1, name, None), Redactor(secret_values()), journal)
+        start = time.perf_counter()
+        for line in lines:
+            for event in coder.parse(line):
+                sink.emit(event, line)
+        elapsed = time.perf_counter() - start
+        print(json.dumps({"coder": name, "lines": n, "seconds": elapsed, "events": sink.count}))
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"rss_mb": rss_mb}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
