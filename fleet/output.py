@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from typing import Any, Literal, TypeVar
 
 import click
@@ -38,18 +39,25 @@ def fmt_of(value: str | None) -> Format:
     return "json" if value == "json" else "nl" if value == "nl" else "table"
 
 
+def _chunks(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
+    it = iter(texts)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
 def emit_json_texts(texts: Iterable[str], fmt: Format) -> None:
-    """Stream objects that are already JSON text: an array for `json`, lines for `nl`."""
+    """Stream objects that are already JSON text: an array for `json`, lines for `nl`.
+
+    Written a thousand objects at a time: one write per object dominated a 100,000-task list.
+    """
     out = sys.stdout
     if fmt == "nl":
-        for text in texts:
-            out.write(text)
-            out.write("\n")
+        for chunk in _chunks(texts):
+            out.write("\n".join(chunk) + "\n")
         return
     first = True
-    for text in texts:
-        out.write("[\n" if first else ",\n")
-        out.write(text)
+    for chunk in _chunks(texts):
+        out.write(("[\n" if first else ",\n") + ",\n".join(chunk))
         first = False
     out.write("[]\n" if first else "\n]\n")
 

@@ -47,10 +47,16 @@ FINAL = (Status.DONE.value, Status.CANCELLED.value)
 def _task_json_sql(t: str = "t") -> str:
     exprs = {
         "labels": f"json({t}.labels)",
-        "after": f"(SELECT json_group_array(d.after) FROM deps d WHERE d.task = {t}.id)",
+        # Most tasks have no dependencies: an index probe is much cheaper than an aggregate.
+        "after": (
+            f"CASE WHEN EXISTS (SELECT 1 FROM deps d WHERE d.task = {t}.id) THEN"
+            f" (SELECT json_group_array(d.after) FROM deps d WHERE d.task = {t}.id)"
+            " ELSE json_array() END"
+        ),
         "waiting_on": (
-            "(SELECT json_group_array(d.after) FROM deps d JOIN tasks u ON u.id = d.after"
-            f" WHERE d.task = {t}.id AND u.status != 'done')"
+            f"CASE WHEN EXISTS (SELECT 1 FROM deps d WHERE d.task = {t}.id) THEN"
+            " (SELECT json_group_array(d.after) FROM deps d JOIN tasks u ON u.id = d.after"
+            f" WHERE d.task = {t}.id AND u.status != 'done') ELSE json_array() END"
         ),
     }
     parts = (f"'{f.name}', {exprs.get(f.name, f'{t}.{f.name}')}" for f in TASK_FIELDS)
