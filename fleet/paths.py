@@ -68,6 +68,14 @@ def resolve(scope: Scope | None = None, env: Mapping[str, str] | None = None) ->
     return Paths(scope, state, config)
 
 
+def program(name: str) -> str:
+    """The absolute path of fleet's program `name` (fleet, fleet-ask, …) installed next to
+    the one running: units, agents and MCP entries must not depend on anyone's PATH."""
+    import sys
+
+    return os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), name)
+
+
 def ensure_dir(path: Path) -> Path:
     """Create `path` (and parents) with mode 0700; an existing directory is left as it is."""
     try:

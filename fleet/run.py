@@ -16,7 +16,6 @@ import selectors
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from fleet.host import owner
 from fleet.journal import Journal, under_journald
 from fleet.model import Status, Task
 from fleet.notify import Notifier
-from fleet.paths import Paths, resolve
+from fleet.paths import Paths, program, resolve
 from fleet.proc import child_env
 from fleet.redact import Redactor, secret_values
 from fleet.store import Store, open_store
@@ -424,7 +423,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         prompt,
         taskdir.write_prompt(directory, prompt),
     )
-    bindir = os.path.dirname(os.path.abspath(sys.argv[0]))
+    bindir = os.path.dirname(program("fleet"))
     env = child_env(
         {
             **coder.environ(spec),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from fleet.paths import Paths, Scope
+from fleet.paths import Paths, Scope, program
 from fleet.proc import run
 
 ALIVE = ("active", "activating", "deactivating", "reloading", "refreshing")
@@ -73,9 +73,8 @@ def states(scope: Scope, task_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
 
 def run_later(scope: Scope, unit: str, seconds: int, paths: Paths) -> None:
     """A transient timer that runs one fleet-claim pass in `seconds` (a rate-limit reset)."""
-    import sys
 
-    claim = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "fleet-claim")
+    claim = program("fleet-claim")
     run(
         [
             "systemd-run",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fleet.fsutil import write_atomic
 from fleet.model import Task
-from fleet.paths import Paths, ensure_dir
+from fleet.paths import Paths, ensure_dir, program
 
 KILL = ".kill"
 SENTINELS = (KILL,)
@@ -65,8 +65,6 @@ def compose_prompt(
     (what happened to the previous attempt, when the agent should know) and $fleet, the
     absolute path of the `fleet` command (a login shell may reset the agent's PATH).
     """
-    import os
-    import sys
     from string import Template
 
     text = DEFAULT_PROMPT
@@ -81,7 +79,7 @@ def compose_prompt(
         artifact_dir=str(artifacts),
         attempt=task.attempts,
         previous=PREVIOUS.get(previous or "", ""),
-        fleet=os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "fleet"),
+        fleet=program("fleet"),
     )
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,6 +75,11 @@ class Fleet:
     def add(self, *args: str) -> str:
         return self.ok("add", *args).strip()
 
+    def show(self, task_id: str) -> dict[str, Any]:
+        obj = json.loads(self.ok("show", task_id, "--json"))
+        assert isinstance(obj, dict)
+        return obj
+
 
 @pytest.fixture
 def fleet(capsys: pytest.CaptureFixture[str], project: Path) -> Fleet:
@@ -90,3 +97,27 @@ def run_fleet(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -
         check=False,
     )
     return Result(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+def fleet_run(
+    task_id: str, cwd: Path, program: Path | None = None, timeout: float = 90, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`fleet-run ID` by hand (foreground: events as JSON lines on stdout, outcome settled)."""
+    return subprocess.run(
+        [str(program or fleet_exe("fleet-run")), task_id],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env},
+        check=False,
+    )
+
+
+def events_of(out: str) -> list[dict[str, Any]]:
+    """The JSON events a foreground fleet-run printed."""
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def show_task(fleet: Fleet, task_id: str) -> dict[str, Any]:
+    return fleet.show(task_id)

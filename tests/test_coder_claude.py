@@ -30,6 +30,9 @@ from fleet.coders.claude import MCP_FILE, MCP_TIMEOUT_MS, TMP_DIR, ClaudeCoder
 from fleet.timeutil import parse
 from tests import sandbox
 from tests.conftest import ROOT, Fleet, fleet_exe
+from tests.conftest import events_of as events
+from tests.conftest import fleet_run as run
+from tests.conftest import show_task as shown
 from tests.sandbox import Sandbox, wait_for
 from tests.servers import anthropic
 from tests.servers.base import Log, serve
@@ -506,27 +509,6 @@ def configure(fleet: Fleet, server: Server, home: Path, binary: Path = CLAUDE) -
     assert CLAUDE.exists(), "run `npm ci --prefix tests/clis` first"
     table = env_table(server.url, home, server.runtime)
     fleet.ok("config", "set", f"coders.claude.binary={binary}", table)
-
-
-def run(task_id: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [fleet_exe("fleet-run"), task_id],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        check=False,
-    )
-
-
-def shown(fleet: Fleet, task_id: str) -> dict[str, Any]:
-    obj = json.loads(fleet.ok("show", task_id, "--json"))
-    assert isinstance(obj, dict)
-    return obj
-
-
-def events(out: str) -> list[dict[str, Any]]:
-    return [json.loads(text) for text in out.splitlines()]
 
 
 def tools_running(pattern: str) -> list[int]:

@@ -34,6 +34,9 @@ from fleet.store import open_store
 from fleet.timeutil import parse as parse_time
 from tests import sandbox
 from tests.conftest import ROOT, Fleet, fleet_exe
+from tests.conftest import events_of as events
+from tests.conftest import fleet_run as run
+from tests.conftest import show_task as show
 from tests.sandbox import Sandbox
 from tests.servers.base import Log
 from tests.servers.openai_responses import CONTEXT_TOKENS, USAGE, State, responses, scripted
@@ -517,27 +520,6 @@ def codex(fleet: Fleet, tmp_path: Path) -> Iterator[Scripted]:
             f'coders.codex.env={{CODEX_HOME = "{home}", {KEY_VAR} = "sk-test-not-a-key"}}',
         )
         yield Scripted(log, state, home)
-
-
-def run(task_id: str, cwd: Path, program: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(program or fleet_exe("fleet-run")), task_id],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        check=False,
-    )
-
-
-def events(out: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in out.splitlines()]
-
-
-def show(fleet: Fleet, task_id: str) -> dict[str, Any]:
-    obj = json.loads(fleet.ok("show", task_id, "--json"))
-    assert isinstance(obj, dict)
-    return obj
 
 
 def add(fleet: Fleet, scenario: str, *args: str) -> str:

@@ -29,7 +29,9 @@ from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdic
 from fleet.coders.gemini import MCP_TIMEOUT_MS, GeminiCoder, pacific_midnight
 from fleet.timeutil import parse
 from tests import sandbox
-from tests.conftest import ROOT, Fleet, fleet_exe
+from tests.conftest import ROOT, Fleet, events_of, fleet_exe
+from tests.conftest import fleet_run as run
+from tests.conftest import show_task as show
 from tests.sandbox import Sandbox
 from tests.servers import gemini as server
 from tests.servers.base import Log
@@ -108,27 +110,6 @@ def gemini_env(url: str, **extra: str) -> str:
     """`coders.gemini.env` as a TOML inline table: the fake key and the server's URL."""
     values = {"GEMINI_API_KEY": API_KEY, "GOOGLE_GEMINI_BASE_URL": url, **extra}
     return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in values.items()) + "}"
-
-
-def run(task_id: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [fleet_exe("fleet-run"), task_id],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        check=False,
-    )
-
-
-def events_of(out: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in out.splitlines()]
-
-
-def show(fleet: Fleet, task_id: str) -> dict[str, Any]:
-    obj = json.loads(fleet.ok("show", task_id, "--json"))
-    assert isinstance(obj, dict)
-    return obj
 
 
 def sessions_under(directory: Path, session: str) -> list[str]:

@@ -29,6 +29,9 @@ from fleet.store import open_store
 from fleet.timeutil import parse
 from tests import sandbox
 from tests.conftest import ROOT, Fleet, fleet_exe
+from tests.conftest import events_of as events
+from tests.conftest import fleet_run as run
+from tests.conftest import show_task as show
 from tests.sandbox import Sandbox
 from tests.servers import openai_chat as chat
 from tests.servers.base import Log, serve
@@ -471,27 +474,6 @@ def settings(url: str, home: Path, binary: Path = OPENCODE) -> list[str]:
 
 def requests_of(log: Log, task_id: str) -> list[Any]:
     return [b for b in log.bodies(chat.PATH) if task_id in json.dumps(b)]
-
-
-def run(task_id: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [fleet_exe("fleet-run"), task_id],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        check=False,
-    )
-
-
-def events(out: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in out.splitlines()]
-
-
-def show(fleet: Fleet, task_id: str) -> dict[str, Any]:
-    obj = json.loads(fleet.ok("show", task_id, "--json"))
-    assert isinstance(obj, dict)
-    return obj
 
 
 def test_a_task_runs_closes_itself_and_counts_its_tokens(

@@ -12,11 +12,13 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import Fleet, fleet_exe
+from tests.conftest import events_of as events
+from tests.conftest import fleet_run as run
+from tests.conftest import show_task as task
 
 DEADLINE = 60.0
 
@@ -24,28 +26,6 @@ DEADLINE = 60.0
 def stream(path: Path, *items: object) -> str:
     path.write_text("".join(json.dumps(i) + "\n" for i in items))
     return path.name
-
-
-def run(task_id: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [fleet_exe("fleet-run"), task_id],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        env={**os.environ, **env},
-        check=False,
-    )
-
-
-def task(fleet: Fleet, task_id: str) -> dict[str, Any]:
-    obj = json.loads(fleet.ok("show", task_id, "--json"))
-    assert isinstance(obj, dict)
-    return obj
-
-
-def events(out: str) -> list[dict[str, object]]:
-    return [json.loads(line) for line in out.splitlines()]
 
 
 def test_replayed_agent_closes_its_task(fleet: Fleet, project: Path) -> None:

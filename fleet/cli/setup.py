@@ -32,7 +32,9 @@ def _scope(app: App, scope: str | None) -> Scope:
 
 
 def _bindir() -> Path:
-    here = Path(sys.argv[0]).absolute().parent
+    from fleet.paths import program
+
+    here = Path(program("fleet-run")).parent
     if not os.access(here / "fleet-run", os.X_OK):
         raise FleetError(
             f"no fleet-run next to {sys.argv[0]}",

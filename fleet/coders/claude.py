@@ -64,13 +64,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet.coders.base import Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.fsutil import write_atomic
+from fleet.paths import program
 
 MCP_FILE = "claude-mcp.json"
 TMP_DIR = "claude-tmp"
@@ -147,7 +147,7 @@ def _epoch(value: object) -> float | None:
 
 def ask_command() -> str:
     """`fleet-ask` next to the running program (fleet-run)."""
-    return os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "fleet-ask")
+    return program("fleet-ask")
 
 
 class ClaudeCoder(Coder):

@@ -66,7 +66,6 @@ import pwd
 import re
 import shlex
 import signal
-import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -74,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.coders.base import Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
+from fleet.paths import program
 
 MCP_NAME = "fleet"
 ASK_TIMEOUT_S = 86_400.0  # a person may answer fleet-ask the next morning
@@ -262,7 +262,7 @@ class CodexCoder(Coder):
         return chosen, chosen in defined and chosen not in BUILTIN_PROVIDERS
 
     def mcp_entry(self, run: RunSpec) -> dict[str, object]:
-        ask = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "fleet-ask")
+        ask = program("fleet-ask")
         env = {"FLEET_TASK_ID": run.task_id}
         if os.environ.get("FLEET_HOME"):
             env["FLEET_HOME"] = os.environ["FLEET_HOME"]

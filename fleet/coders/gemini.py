@@ -77,7 +77,6 @@ import pwd
 import re
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -86,6 +85,7 @@ from typing import Any
 
 from fleet.coders.base import Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.fsutil import write_atomic
+from fleet.paths import program
 
 MCP_SERVER = "fleet"
 MCP_TIMEOUT_MS = 2**31 - 1  # the largest the CLI keeps; more becomes 1 ms
@@ -240,7 +240,7 @@ class GeminiCoder(Coder):
         if os.environ.get("FLEET_HOME"):
             env["FLEET_HOME"] = os.environ["FLEET_HOME"]
         return {
-            "command": os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "fleet-ask"),
+            "command": program("fleet-ask"),
             "args": [],
             "env": env,
             "timeout": MCP_TIMEOUT_MS,

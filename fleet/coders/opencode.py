@@ -54,13 +54,13 @@ import os
 import re
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from fleet.coders.base import Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
+from fleet.paths import program
 
 MCP_SERVER = "fleet-ask"
 # Exit statuses a shell reports for a process killed by SIGINT, SIGKILL or SIGTERM.
@@ -137,7 +137,7 @@ class OpencodeCoder(Coder):
         return env
 
     def runtime_config(self, run: RunSpec) -> dict[str, Any]:
-        ask = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "fleet-ask")
+        ask = program("fleet-ask")
         environment = {"FLEET_TASK_ID": run.task_id}
         if os.environ.get("FLEET_HOME"):
             environment["FLEET_HOME"] = os.environ["FLEET_HOME"]
