@@ -40,15 +40,6 @@ def names() -> list[str]:
     return sorted({*BUILTIN, *(ep.name for ep in entry_points(group=GROUP))})
 
 
-def classes() -> dict[str, type[Coder]]:
-    from importlib.metadata import entry_points
-
-    found = {name: _load(ref) for name, ref in BUILTIN.items()}
-    for ep in entry_points(group=GROUP):
-        found.setdefault(ep.name, _load(ep.value))
-    return found
-
-
 def find(name: str) -> type[Coder] | None:
     if name in BUILTIN:
         return _load(BUILTIN[name])
