@@ -17,7 +17,10 @@ store (`opencode.db`), where `opencode run -s SESSION --dir CWD` or the TUI resu
 session id is the attempt's). A config directory per task would make OpenCode npm-install its
 plugin package at every start, during which it ignores SIGTERM. Per task is only `TMPDIR`
 (`TASK_DIR/tmp`, emptied before each attempt): Bun unpacks a 5.5 MB library there at every
-start and never deletes it, and the agent's commands put their scratch files there.
+start and never deletes it, and the agent's commands put their scratch files there. OpenCode
+creates `opencode.db` on its first start, and two first starts at once collide on it (one fails
+with "Failed query: CREATE TABLE"); while the file is missing, the wrapper lets one `opencode
+session list` at a time create it under an flock before the task's own start.
 
 Runtime configuration: fleet's additions go in `OPENCODE_CONFIG_CONTENT`, which OpenCode lays
 over the user's and the project's `opencode.json` (those still apply), merged into a value the
@@ -26,8 +29,8 @@ user set there (in `[coders.opencode] env` or the environment). It declares the 
 required (OpenCode has no such notion), with a tool-call timeout of 2,147,483,647 ms, OpenCode's
 largest (24.8 days; the default is 60 s and a larger value turns into 1 ms), so that a person's
 answer may take hours. The same value bounds the server's start, but a server that exits
-(fleet-ask, not implemented yet, exits with 69 at once) only drops its tools with a warning in
-OpenCode's log: the task runs on and the run still exits 0. `OPENCODE_DISABLE_AUTOUPDATE=1`: no
+(fleet-ask, if it fails to start) only drops its tools with a warning in OpenCode's log: the
+task runs on and the run still exits 0. `OPENCODE_DISABLE_AUTOUPDATE=1`: no
 task may upgrade the binary that the others share. As root OpenCode needs nothing more.
 
 Retries: OpenCode has no setting for its own retry budget. 1.18.33 retries a 429 or a 5xx five
@@ -68,7 +71,16 @@ SIGNAL_EXITS = frozenset(128 + s for s in (signal.SIGINT, signal.SIGKILL, signal
 MCP_TIMEOUT_MS = 2_147_483_647  # OpenCode's largest tool-call timeout (a larger one means 1 ms)
 SUMMARY = 200  # characters of a tool's input or output kept in an event's text
 # `sh -c SCRIPT NAME PROMPT_FILE ARGV...`: run ARGV with the prompt file as standard input.
-STDIN_SCRIPT = 'prompt=$1; shift; exec "$@" < "$prompt"'
+# OpenCode creates its database on its first start, and two first starts at once collide
+# ("Failed query: CREATE TABLE ..."), which would fail every task but one of a first batch.
+# So while the database is missing, one `session list` at a time creates it, under a lock.
+STDIN_SCRIPT = (
+    'prompt=$1; shift; data="${XDG_DATA_HOME:-$HOME/.local/share}/opencode"; '
+    'if [ ! -e "$data/opencode.db" ] && mkdir -p "$data"; then '
+    'flock "$data/.fleet-first-start" sh -c \'[ -e "$1" ] || "$2" session list\' '
+    'fleet-opencode-init "$data/opencode.db" "$1" >/dev/null 2>&1 </dev/null; fi; '
+    'exec "$@" < "$prompt"'
+)
 RATE_TEXT = re.compile(
     r"\b429\b|rate.?limit|too many requests|usage limit|quota|resource.?exhausted", re.I
 )
