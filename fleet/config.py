@@ -39,6 +39,11 @@ class Config:
         assert isinstance(value, int)
         return value
 
+    def get_bool(self, name: str) -> bool:
+        value = self.values[name]
+        assert isinstance(value, bool)
+        return value
+
     def get_str(self, name: str) -> str:
         value = self.values[name]
         assert isinstance(value, str)

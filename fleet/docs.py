@@ -391,7 +391,13 @@ def files() -> list[str]:
     return rows
 
 
-_JSON_TYPES = {"text": "string", "int": "integer", "real": "number", "list": "array of strings"}
+_JSON_TYPES = {
+    "text": "string",
+    "int": "integer",
+    "real": "number",
+    "bool": "boolean",
+    "list": "array of strings",
+}
 
 
 def field_list(fields: Sequence[Field]) -> list[str]:
@@ -511,6 +517,7 @@ def program_pages() -> dict[str, str]:
 _KINDS = {
     "int": "integer",
     "str": "string",
+    "bool": "true or false",
     "list": "list of strings",
     "table": "table of strings",
     "sizes": "table of positive integers",

@@ -4,7 +4,8 @@ Run as the unit's ExecStopPost, it reads the runner's outcome file (only if it b
 invocation and attempt), systemd's $SERVICE_RESULT / $EXIT_CODE / $EXIT_STATUS and the cgroup's
 OOM counter. The classification is one of OUTCOMES; the policy maps it to the task's next
 state with the retry and no-close limits. A person's close, block or cancel during the attempt
-always stands. Then it wakes fleet-claim, since a slot is free.
+always stands. Then it wakes fleet-claim, since a slot is free, and when the task is left
+blocked (other than by a person's kill) it notifies a person through fleet.alerts.
 """
 
 from __future__ import annotations
@@ -185,11 +186,33 @@ def settle(
         session_id=found.session if found else None,
     )
     try:
-        store.finish(task_id, owner(), end, status, why, count)
+        after = store.finish(task_id, owner(), end, status, why, count)
     except Conflict:
         return None  # someone else reaped it meanwhile
     wake.poke(paths)
+    alert(paths, config, task, after, kind)
     return kind
+
+
+def alert_event(before: Task, after: Task, kind: str) -> str | None:
+    """The notification an attempt's end calls for: "failed" when the retry limit blocked the
+    task, "blocked" when it is blocked otherwise (the no-close limit, or a `fleet block` during
+    the attempt, usually the agent's own); none after a person's kill, or when not blocked."""
+    if after.status != Status.BLOCKED or kind == "killed":
+        return None
+    applied = before.status == Status.RUNNING  # else a block made during the attempt stands
+    return "failed" if applied and kind in FAILURES else "blocked"
+
+
+def alert(paths: Paths, config: Config, before: Task, after: Task, kind: str) -> None:
+    event = alert_event(before, after, kind)
+    if event is None:
+        return
+    from fleet import alerts
+
+    state = "failed for good" if event == "failed" else "is blocked"
+    message = f"{after.id} ({after.title}) {state}" + (f": {after.reason}" if after.reason else "")
+    alerts.fire(paths, config, event, message, task=after, outcome=kind)
 
 
 def hold_back(

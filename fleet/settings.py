@@ -12,10 +12,14 @@ from typing import Any, Literal
 
 from fleet.errors import ConfigError
 
-Kind = Literal["int", "str", "list", "table", "sizes"]
+Kind = Literal["int", "str", "bool", "list", "table", "sizes"]
 
 # The coders fleet knows by name; more are defined by a [coders.NAME] table.
 BUILTIN_CODERS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "command", "replay")
+
+
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True}
+_BOOLS.update({"false": False, "no": False, "off": False, "0": False})
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class Setting:
         ok = {
             "int": isinstance(value, int) and not isinstance(value, bool),
             "str": isinstance(value, str),
+            "bool": isinstance(value, bool),
             "list": isinstance(value, list) and all(isinstance(v, str) for v in value),
             "table": isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
             "sizes": isinstance(value, dict)
@@ -47,6 +52,7 @@ class Setting:
             wanted = {
                 "int": "a whole number",
                 "str": "a string",
+                "bool": "true or false",
                 "list": "a list of strings",
                 "table": "a table of strings",
                 "sizes": "a table of positive whole numbers",
@@ -63,6 +69,11 @@ class Setting:
         """Turn the text of an environment variable or `KEY=VALUE` into a checked value."""
         if self.kind == "str":
             value: Any = text
+        elif self.kind == "bool":
+            word = text.strip().lower()
+            if word not in _BOOLS:
+                raise ConfigError(f"{where}: {self.name} must be true or false, not {text!r}")
+            value = _BOOLS[word]
         elif self.kind == "int":
             try:
                 value = int(text.strip())
@@ -225,6 +236,50 @@ SETTINGS: tuple[Setting, ...] = (
         "How long a claim holds without being renewed by its runner before the task is recovered.",
         10,
         86400,
+    ),
+    Setting(
+        "question_timeout_seconds",
+        "int",
+        86400,
+        "How long an agent's question waits for a person's answer before it expires and the"
+        " agent is told to go on without one.",
+        1,
+        20 * 86400,  # below every coder's largest MCP tool-call timeout (24.8 days)
+    ),
+    Setting(
+        "notify_command",
+        "str",
+        "",
+        "Shell command run for every notification (a question, a blocked or failed task, a"
+        " finished `fleet wait`), with the event as FLEET_NOTIFY_* variables and JSON on stdin.",
+    ),
+    Setting(
+        "notify_webhook",
+        "str",
+        "",
+        "URL that receives every notification as an HTTP POST of its JSON; empty for none.",
+    ),
+    Setting(
+        "notify_timeout_seconds",
+        "int",
+        10,
+        "How long one notifier (the command, one webhook request) may take before it is given up.",
+        1,
+        600,
+    ),
+    Setting(
+        "notify_retries",
+        "int",
+        3,
+        "How many times a failed webhook request is tried again, with growing pauses.",
+        0,
+        10,
+    ),
+    Setting(
+        "notify_desktop",
+        "bool",
+        True,
+        "Show a desktop notification with notify-send, where it is installed.",
     ),
 )
 

@@ -50,6 +50,25 @@ def _settled(task: Task) -> bool:
     return task.status in (Status.DONE, Status.CANCELLED, Status.BLOCKED) and not task.claimed_by
 
 
+def _announce(app: App, tasks: list[Task]) -> None:
+    """The "finished" notification of a batch, e.g. `3 tasks finished: 2 done, 1 blocked`."""
+    from fleet import alerts
+    from fleet.errors import FleetError
+
+    tasks = list({t.id: t for t in tasks}.values())  # an id given twice counts once
+    counts = {s: sum(t.status == s for t in tasks) for s in (Status.DONE, Status.BLOCKED)}
+    counts[Status.CANCELLED] = len(tasks) - sum(counts.values())
+    parts = [f"{n} {status}" for status, n in counts.items() if n]
+    noun = "task" if len(tasks) == 1 else "tasks"
+    message = f"{len(tasks)} {noun} finished: {', '.join(parts)}"
+    try:
+        config = app.config
+    except FleetError as e:
+        alerts.log(f'not sending the "finished" notification: {e.message}')
+        return
+    alerts.fire(app.paths, config, "finished", message, tasks=[t.id for t in tasks])
+
+
 @cli.command("wait")
 @click.argument("task_ids", metavar="ID...", nargs=-1, required=True, type=TASK)
 @click.option("-t", "--timeout", type=click.FloatRange(min=0), help="Give up after SECONDS.")
@@ -58,7 +77,8 @@ def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
     """Wait until each task is done, cancelled or blocked.
 
     Exits 0 if all are done, 1 if any was cancelled or blocked, 124 on timeout. It sleeps on
-    inotify events of the store, so it costs nothing while it waits.
+    inotify events of the store, so it costs nothing while it waits. When they have all
+    settled (not on a timeout) it sends the "finished" notification (notify_* settings).
     """
     from inotify_simple import INotify
     from inotify_simple import flags as iflags
@@ -78,6 +98,7 @@ def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
             if len(settled) == len(tasks):
                 if tty:
                     sys.stderr.write("\n")
+                _announce(app, tasks)
                 return 0 if all(t.status == Status.DONE for t in tasks) else 1
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
