@@ -2,7 +2,6 @@
 
 These click commands are their help, their man pages, and the parser of any invocation the
 fast path in fleet.programs does not recognise; what the programs do is in fleet.programs.
-fleet-ask fails with exit status 69 until its issue lands.
 """
 
 from __future__ import annotations
@@ -59,7 +58,13 @@ def reap(task_id: str) -> None:
 
 @click.command("fleet-ask", context_settings=_SETTINGS)
 def ask() -> None:
-    """Serve the agent's tools (ask a human, notify, close the task) as a stdio MCP server."""
+    """Serve the agent's tools for task $FLEET_TASK_ID as an MCP server on standard input and
+    output: ask_human (ask a person and wait for the answer), notify_human, task_done and
+    task_blocked.
+
+    fleet-run configures every coder to start it; it is not meant to be run by hand, except by
+    an MCP client (for example an MCP inspector) with FLEET_TASK_ID of a running task.
+    """
     from fleet import programs
 
     programs.ask()

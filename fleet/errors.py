@@ -48,12 +48,6 @@ class StoreError(FleetError):
     exit_code = 6
 
 
-class NotYet(FleetError):
-    """The command exists but its implementation has not landed yet."""
-
-    exit_code = 69  # EX_UNAVAILABLE from sysexits.h
-
-
 class TimedOut(FleetError):
     """A wait ran out of time (the status timeout(1) uses)."""
 
@@ -75,11 +69,10 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "success"),
     (1, "general failure"),
     (InputError.exit_code, "bad usage or bad input"),
-    (NotFound.exit_code, "no such task"),
+    (NotFound.exit_code, "no such task or question"),
     (Conflict.exit_code, "the task's state does not allow this (conflict)"),
     (ConfigError.exit_code, "unusable configuration"),
     (StoreError.exit_code, "the task store cannot be used"),
-    (NotYet.exit_code, "command not implemented yet"),
     (TimedOut.exit_code, "timed out (fleet wait --timeout)"),
     (130, "interrupted"),
 )

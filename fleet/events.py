@@ -31,11 +31,14 @@ OPTIONAL = (
     "utilization",
     "limit_type",
 )
+_JOURNAL_NAMES = tuple((name, f"FLEET_{name.upper()}") for name in OPTIONAL)
 PRIORITY = {Kind.ERROR: 3, Kind.RATE_LIMIT: 4, Kind.RETRY: 4, Kind.RAW: 6}
 # MESSAGE_IDs of lifecycle entries, explained by the catalog (systemd/fleet.catalog).
 MSG_STARTED = "ff162ac1b9fe420e8fea69f54c0b0a1c"
 MSG_ENDED = "7343cb85b5de44e6ab65578c11f6d67f"
 MSG_REFUSED = "b473d560933a497d9ca056071cfba65a"
+MSG_QUESTION = "5ad0b37d1e4b4e3c9c3f0e55a1a7c2d1"  # written by fleet-ask
+MSG_ANSWER = "c0e8e02ee8a94a4e8f6a3a1b6f1d9b47"
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,18 @@ class Sink:
         self.redact = redact
         self.journal = journal
         self.count = 0
+        self._raw: tuple[str, str] = ("", "")  # the last raw line and its redacted form
+
+    def _redact_raw(self, raw: str) -> str:
+        # A line often yields several events (text and usage, say): redact it once.
+        if self._raw[0] is not raw:
+            self._raw = (raw, self.redact(raw))
+        return self._raw[1]
 
     def emit(self, event: Event, raw: str | None) -> None:
         self.count += 1
         msg = self.redact(message(event))
-        raw = self.redact(raw) if raw is not None and raw != event.text else None
+        raw = self._redact_raw(raw) if raw is not None and raw != event.text else None
         if self.journal is None:
             obj: dict[str, object] = {"event": str(event.kind), "text": self.redact(event.text)}
             for name in OPTIONAL:
@@ -97,10 +107,10 @@ class Sink:
         }
         if self.ctx.model:
             fields["FLEET_MODEL"] = self.ctx.model
-        for name in OPTIONAL:
+        for name, field in _JOURNAL_NAMES:
             value = getattr(event, name)
             if value is not None:
-                fields[f"FLEET_{name.upper()}"] = value
+                fields[field] = value
         if raw is not None:
             fields["FLEET_RAW"] = raw
         self.journal.send(fields)

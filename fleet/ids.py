@@ -37,3 +37,17 @@ def check_ref(text: str) -> str:
 
 def is_full(ref: str) -> bool:
     return len(ref) == len(PREFIX) + LENGTH
+
+
+# Question ids: `q-` and the same alphabet, so they are as safe in a file name as task ids.
+QUESTION_PREFIX = "q-"
+_QREF = re.compile(rf"{QUESTION_PREFIX}[{ALPHABET}]{{1,{LENGTH}}}")
+
+
+def new_question_id() -> str:
+    return QUESTION_PREFIX + "".join(ALPHABET[b & 31] for b in os.urandom(LENGTH))
+
+
+def is_question_ref(text: str) -> bool:
+    """Whether `text` names a question (a full id or prefix such as q-4k) rather than a task."""
+    return _QREF.fullmatch(text.strip().lower()) is not None

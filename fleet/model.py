@@ -30,7 +30,7 @@ MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 4, 2
 @dataclass(frozen=True)
 class Field:
     name: str
-    kind: str  # "text", "int", "real", "list" (a JSON array of strings)
+    kind: str  # "text", "int", "real", "bool", "list" (a JSON array of strings)
     doc: str
 
 
@@ -60,6 +60,7 @@ TASK_FIELDS: tuple[Field, ...] = (
     Field("tokens_in", "int", "input tokens of all attempts (cached included), or null"),
     Field("tokens_out", "int", "output tokens of all attempts, or null"),
     Field("cost", "real", "cost of all attempts in US dollars where reported, or null"),
+    Field("question", "text", "id of the agent's question waiting for an answer, or null"),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -104,6 +105,7 @@ class Task:
     tokens_in: int | None
     tokens_out: int | None
     cost: float | None
+    question: str | None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Task:
@@ -139,6 +141,89 @@ class Attempt:
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in ATTEMPT_FIELDS}
+
+
+class QuestionKind(enum.StrEnum):
+    INPUT = "input"  # free text
+    CHOICE = "choice"  # one (or with multi_select several) of the options
+    APPROVAL = "approval"  # approve or deny, with an optional comment
+
+
+class QuestionStatus(enum.StrEnum):
+    PENDING = "pending"
+    ANSWERED = "answered"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+QUESTION_FIELDS: tuple[Field, ...] = (
+    Field("id", "text", "question id, `q-` and six base32 characters"),
+    Field("task", "text", "id of the task whose agent asked"),
+    Field("attempt", "int", "the attempt that asked"),
+    Field("kind", "text", "input (free text), choice or approval"),
+    Field("text", "text", "the question as the agent put it"),
+    Field("options", "list", "the options of a choice question"),
+    Field("multi_select", "bool", "whether a choice question takes several options"),
+    Field("status", "text", "pending, answered, expired or cancelled"),
+    Field("answer", "text", "the answer as the agent receives it, or null"),
+    Field("choices", "list", "the options chosen (choice questions)"),
+    Field("approved", "bool", "true or false for an approval question once answered, else null"),
+    Field("comment", "text", "free text given with a choice or approval, or null"),
+    Field("answered_by", "text", "who answered (user@host), or null"),
+    Field("asked_at", "text", "UTC ISO 8601 time the agent asked"),
+    Field("answered_at", "text", "UTC ISO 8601 time it was answered, expired or cancelled"),
+    Field("expires_at", "text", "UTC ISO 8601 time it expires unless answered"),
+)
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    task: str
+    attempt: int
+    kind: QuestionKind
+    text: str
+    options: tuple[str, ...]
+    multi_select: bool
+    status: QuestionStatus
+    answer: str | None
+    choices: tuple[str, ...]
+    approved: bool | None
+    comment: str | None
+    answered_by: str | None
+    asked_at: str
+    answered_at: str | None
+    expires_at: str
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Question:
+        values = {f.name: obj[f.name] for f in QUESTION_FIELDS}
+        values["kind"] = QuestionKind(values["kind"])
+        values["status"] = QuestionStatus(values["status"])
+        for f in QUESTION_FIELDS:
+            if f.kind == "list":
+                values[f.name] = tuple(values[f.name])
+            elif f.kind == "bool" and values[f.name] is not None:
+                values[f.name] = bool(values[f.name])
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in QUESTION_FIELDS:
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if f.kind == "list" else value
+        out["kind"], out["status"] = str(self.kind), str(self.status)
+        return out
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A person's answer to a question, before the store checks it against the question."""
+
+    by: str
+    text: str | None = None  # the answer (input) or a comment (choice, approval)
+    choices: tuple[str, ...] = ()
+    approved: bool | None = None
 
 
 @dataclass(frozen=True)

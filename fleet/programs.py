@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from fleet.errors import FleetError, NotYet, report
+from fleet.errors import FleetError, report
 
 if TYPE_CHECKING:
     from fleet.reap import Service
@@ -81,9 +81,14 @@ def run(task_id: str) -> int:
 
     directory = taskdir.task_dir(resolve(), task_id)
     found = outcome.read(directory)
-    if found is None or (found.stopped_by or "").startswith("signal"):
+    if (
+        found is None
+        or (found.stopped_by or "").startswith("signal")
+        or (found.signal and not found.stopped_by)
+    ):
         # Stopped by systemd (a kill, the time limit, a shutdown): only fleet-reap, with
-        # $SERVICE_RESULT, can tell which.
+        # $SERVICE_RESULT, can tell which. The agent may die of systemd's SIGTERM to the
+        # cgroup before the runner reads its own, so a signal we did not send counts too.
         return code
     ended = Service("", "exited", str(code), invocation, oom_kills())
     kind, line = settle(task_id, ended)
@@ -100,10 +105,9 @@ def reap(task_id: str) -> None:
 
 
 def ask() -> None:
-    raise NotYet(
-        "fleet-ask is not implemented yet",
-        hint="the agent's MCP tools arrive with the human-in-the-loop issue",
-    )
+    from fleet.ask import serve
+
+    serve()
 
 
 def _fast(prog: str, argv: Sequence[str]) -> Callable[[], object] | None:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet import coders, ids, outcome, taskdir
+from fleet import coders, ids, outcome, questions, taskdir
 from fleet.coders.base import Coder, Event, Kind, RunSpec, Tally, Verdict
 from fleet.config import Config, load
 from fleet.errors import Conflict, FleetError, InputError
@@ -47,6 +47,9 @@ EXIT = {
     "context-pressure": 7,
 }
 PRESSURE = "context-pressure"
+# While a question waits, the unit's runtime limit is pushed this far ahead (renewed every third
+# of it); it is also the least time the agent has left once the answer arrives.
+EXTEND_WAIT = 300.0
 
 
 def full_id(text: str) -> str:
@@ -119,6 +122,7 @@ class Attempt:
     pgid: int
     limits: Limits
     tally: Tally = field(default_factory=Tally)
+    asking: str | None = None  # "q-…: the question" while the agent waits for a person
     stopped_by: str | None = None
     kill_at: float | None = None
     _partial: bytearray = field(default_factory=bytearray)
@@ -126,7 +130,8 @@ class Attempt:
 
     def status_line(self) -> str:
         t = self.tally
-        parts = [self.task.coder or "?"]
+        parts = [f"waiting for a person: {self.asking}"] if self.asking else []
+        parts.append(self.task.coder or "?")
         if self.task.model:
             parts.append(self.task.model)
         parts.append(f"turns {t.turns}")
@@ -191,6 +196,17 @@ class Attempt:
             why = f"{coder} {window} limit: {event.rate_status or 'near'}"
             self.store.set_gate(f"coder:{coder}", iso(until), why)
 
+    def questions_changed(self) -> None:
+        """Re-read which question (if any) the agent waits on, after fleet-ask or `fleet
+        answer` rang the task's sentinel."""
+        qid = self.store.get(self.task.id).question
+        if qid is None:
+            self.asking = None
+            return
+        q = self.store.question(qid)
+        text = " ".join(q.text.split())
+        self.asking = f"{q.id} ({q.kind}) " + (text if len(text) <= 100 else text[:99] + "…")
+
     @property
     def coder_name(self) -> str:
         return self.task.coder or self.coder.name
@@ -246,7 +262,9 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     pidfd = os.pidfd_open(proc.pid)
     sel.register(pidfd, selectors.EVENT_READ, "exit")
     inotify = INotify()
-    inotify.add_watch(directory, iflags.CREATE | iflags.MOVED_TO | iflags.ATTRIB)
+    inotify.add_watch(
+        directory, iflags.CREATE | iflags.MOVED_TO | iflags.ATTRIB | iflags.CLOSE_WRITE
+    )
     sel.register(inotify.fileno(), selectors.EVENT_READ, "inotify")
     wake_r, wake_w = socket.socketpair()
     wake_r.setblocking(False)
@@ -260,6 +278,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     next_ping = now if watchdog else float("inf")
     next_renew = now + run.lease_s / 3
     next_status = now
+    next_extend = float("inf")
     exited = eof = False
     drain_until = float("inf")
     # Only by hand: under systemd the cgroup holds every tool, and scanning costs CPU.
@@ -273,7 +292,13 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
         while not (eof and exited):
             now = time.monotonic()
             wake_at = min(
-                next_ping, next_renew, next_status, drain_until, next_scan, run.kill_at or 1e18
+                next_ping,
+                next_renew,
+                next_status,
+                next_extend,
+                drain_until,
+                next_scan,
+                run.kill_at or 1e18,
             )
             for key, _ in sel.select(max(0.0, wake_at - now)):
                 what = key.data
@@ -296,8 +321,13 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     drain_until = time.monotonic() + 1.0
                     next_scan = float("inf")
                 elif what == "inotify":
-                    if any(e.name == taskdir.KILL for e in inotify.read(timeout=0)):
+                    names = {e.name for e in inotify.read(timeout=0)}
+                    if taskdir.KILL in names:
                         run.stop("kill-file")
+                    if questions.SENTINEL in names:
+                        run.questions_changed()
+                        next_status = now
+                        next_extend = now if run.asking else float("inf")
                 elif what == "signal":
                     data = wake_r.recv(64)
                     if data:
@@ -306,6 +336,10 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
             if now >= next_ping and watchdog:
                 run.notifier.ping()
                 next_ping = now + watchdog
+            if now >= next_extend:
+                # Time spent waiting for a person does not run down RuntimeMaxSec=.
+                run.notifier.send(extend_timeout_usec=int(EXTEND_WAIT * 1e6))
+                next_extend = now + EXTEND_WAIT / 3 if run.asking else float("inf")
             if now >= next_status:
                 line = run.status_line()
                 if line != last_status:  # an idle agent causes no wake-ups but the watchdog's

@@ -139,7 +139,7 @@ CATALOG_FILE = "fleet.catalog"
 
 def catalog() -> str:
     """journalctl -x explanations of fleet's lifecycle entries (MESSAGE_IDs in fleet.events)."""
-    from fleet.events import MSG_ENDED, MSG_REFUSED, MSG_STARTED
+    from fleet.events import MSG_ANSWER, MSG_ENDED, MSG_QUESTION, MSG_REFUSED, MSG_STARTED
 
     entries = (
         (
@@ -162,6 +162,21 @@ def catalog() -> str:
             "The unit of fleet task @FLEET_TASK_ID@ was started, but the task could not be"
             " claimed (it is finished, blocked, waiting on other tasks, or claimed elsewhere)."
             " Nothing was changed. Use `fleet retry @FLEET_TASK_ID@` to run it again.",
+        ),
+        (
+            MSG_QUESTION,
+            "A fleet agent asks a person",
+            "The agent of fleet task @FLEET_TASK_ID@ asked question @FLEET_QUESTION@ through"
+            " fleet-ask and waits for the answer; the task shows as asking. Answer it with"
+            " `fleet answer @FLEET_QUESTION@ ...`; `fleet questions` lists what is waiting.",
+        ),
+        (
+            MSG_ANSWER,
+            "A fleet agent's question was settled",
+            "Question @FLEET_QUESTION@ of fleet task @FLEET_TASK_ID@ is now"
+            " @FLEET_QUESTION_STATUS@ (answered by a person, expired after"
+            " question_timeout_seconds, or cancelled because the call or the task was stopped),"
+            " and the agent has been told.",
         ),
     )
     blocks = [

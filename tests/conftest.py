@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from fleet.cli import main
+from tests.sandbox import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,3 +124,48 @@ def events_of(out: str) -> list[dict[str, Any]]:
 
 def show_task(fleet: Fleet, task_id: str) -> dict[str, Any]:
     return fleet.show(task_id)
+
+
+@contextmanager
+def run_in_background(task_id: str, cwd: Path, out: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`fleet-run ID` by hand in the background, its events going to `out` and its standard
+    error to `out` + ".err"; killed if it is still running when the block ends."""
+    with out.open("wb") as sink, out.with_suffix(".err").open("wb") as errors:
+        agent = subprocess.Popen(
+            [fleet_exe("fleet-run"), task_id], cwd=cwd, stdout=sink, stderr=errors
+        )
+        try:
+            yield agent
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+            agent.wait(timeout=30)
+
+
+def asked_in_background(
+    task_id: str, agent: subprocess.Popen[bytes], out: Path, deadline: float = 60.0
+) -> dict[str, Any]:
+    """The question the task's agent asks, as `fleet questions --wait` (another process, like a
+    person's notifier script) reports it, once it is pending."""
+    command = [fleet_exe(), "questions", "--wait", "--json", "--timeout", str(deadline)]
+    waiter = subprocess.Popen(
+        [*command, "--task", task_id], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(
+            lambda: waiter.poll() is not None or agent.poll() is not None,
+            deadline + 10,
+            "a question, or the end of the run",
+        )
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        found, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 0, (
+        f"no question; fleet-run: {agent.poll()}, {err}\n"
+        + out.read_text()[-3000:]
+        + out.with_suffix(".err").read_text()[-3000:]
+    )
+    (question,) = json.loads(found)
+    assert isinstance(question, dict)
+    return question

@@ -33,12 +33,15 @@ EXPECTED = (
     r"claim, 1 claimer, 200 tasks: median [\d.]+ claims/s \(target >= 500 claims/s" + MET,
     r"claim safety, 1 claimer, 200 tasks: double claims 0, lost 0 over 3 runs \(target 0\)",
     r"claim, 4 vs 1 claimers: ratio [\d.]+x",
+    r"answer -> ask_human returns: median [\d.]+ ms \(target <= 200 ms",
+    r"fleet answer process, start to exit: median [\d.]+ ms \(no target\)",
+    r"answer runs: 3 answers to one fleet-ask, one question at a time",
 )
 
 
 def test_quick_benchmarks_print_every_figure() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.bench", "--quick", "startup", "ls", "add", "claim"],
+        [sys.executable, "-m", "tests.bench", "--quick", "startup", "ls", "add", "claim", "answer"],
         cwd=ROOT,
         capture_output=True,
         text=True,

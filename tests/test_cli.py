@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -226,7 +227,30 @@ def test_system_scope_uses_the_system_paths(fleet: Fleet, monkeypatch: pytest.Mo
     assert fleet.ok("config", "path").strip() == "/etc/fleet/config.toml"
 
 
-def test_fleet_ask_is_not_there_yet_and_says_so() -> None:
-    proc = subprocess.run([fleet_exe("fleet-ask")], capture_output=True, text=True, check=False)
-    assert proc.returncode == 69
-    assert proc.stderr.startswith("fleet-ask: error: fleet-ask is not implemented yet")
+@pytest.mark.parametrize(
+    ("task_id", "code", "error"),
+    [
+        (None, 2, "FLEET_TASK_ID is not set"),
+        ("fl-zzzzzz", 3, "no task fl-zzzzzz"),
+        ("not an id!", 2, "not a task id: 'not an id!'"),
+    ],
+)
+def test_fleet_ask_without_its_task_fails_at_once_and_says_why(
+    fleet: Fleet, task_id: str | None, code: int, error: str
+) -> None:
+    fleet.add("another task")  # a store exists, with a task that is not the one named
+    env = {**os.environ, **({"FLEET_TASK_ID": task_id} if task_id is not None else {})}
+    proc = subprocess.run(
+        [fleet_exe("fleet-ask")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    # One error line (then hints) and nothing on standard output, the MCP channel.
+    assert (proc.returncode, proc.stdout) == (code, "")
+    first, *rest = proc.stderr.splitlines()
+    assert first == f"fleet-ask: error: {error}"
+    assert all(line.startswith("fleet-ask: hint: ") for line in rest)

@@ -3,16 +3,20 @@
 Three layers: the parser and verdict over every recorded `claude_*` stream (plus lines no CLI
 should print); `fleet-run ID` by hand with the real CLI from tests/clis against the scripted
 Anthropic server of tests/servers/anthropic.py; and the same under a sandboxed systemd, where
-dispatch, `fleet kill` and the wake-up after a rate limit's reset are the units' doing.
+dispatch, `fleet kill` and the wake-up after a rate limit's reset are the units' doing. Both
+ways, the model also asks a person through fleet-ask's `ask_human` and a test answers it with
+`fleet answer`, as a person would.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,9 +33,10 @@ from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdic
 from fleet.coders.claude import MCP_FILE, MCP_TIMEOUT_MS, TMP_DIR, ClaudeCoder
 from fleet.timeutil import parse
 from tests import sandbox
-from tests.conftest import ROOT, Fleet, fleet_exe
+from tests.conftest import ROOT, Fleet, asked_in_background, fleet_exe, run_fleet
 from tests.conftest import events_of as events
 from tests.conftest import fleet_run as run
+from tests.conftest import run_in_background as running
 from tests.conftest import show_task as shown
 from tests.sandbox import Sandbox, wait_for
 from tests.servers import anthropic
@@ -43,6 +48,7 @@ STREAMS = ROOT / "tests" / "fixtures" / "streams"
 BIN = os.path.dirname(fleet_exe())
 DEADLINE = 60.0
 PER_CALL_IN = sum(anthropic.USAGE.values())  # 1800: uncached + cache writes + cache reads
+FLEET_TOOLS = ("ask_human", "notify_human", "task_blocked", "task_done")
 
 
 # ---------------------------------------------------------------------- recorded streams
@@ -551,10 +557,12 @@ def test_shell_task_runs_to_done(
     ]
     assert [e["tool"] for e in seen if e["event"] == "tool_result"] == ["Bash", "Bash"]
     assert [e["text"] for e in seen if e["event"] == "text"] == [anthropic.FINAL_TEXT]
-    # fleet-ask exits 69 for now: the CLI reports the server failed and works on without it.
-    assert "MCP fleet failed" in seen[0]["text"]
-    offered = {t.get("name") for b in server.calls(key) for t in b["tools"]}
-    assert "Bash" in offered and not any(str(n).startswith("mcp__fleet") for n in offered)
+    # The CLI started fleet-ask and offered its tools with every call: deferred, by name, for
+    # the model to load with ToolSearch.
+    assert seen[0]["text"].endswith("MCP fleet connected")
+    for body in server.calls(key):
+        assert {"Bash", anthropic.SEARCH_TOOL} <= {t.get("name") for t in body["tools"]}
+        assert all(f"mcp__fleet__{t}" in json.dumps(body) for t in FLEET_TOOLS)
     mcp = json.loads((home / "tasks" / tid / MCP_FILE).read_text())["mcpServers"]["fleet"]
     assert mcp["command"] == os.path.join(BIN, "fleet-ask") and os.path.exists(mcp["command"])
     # The session stays in the user's config directory, where `claude --resume` finds it.
@@ -579,6 +587,101 @@ def test_a_garbage_line_does_not_end_the_attempt(
     assert seen[0]["event"] == "raw" and "garbage" in seen[0]["text"]
     assert seen[1]["event"] == "session" and seen[-1]["event"] == "result"
     assert shown(fleet, tid)["status"] == "done"
+
+
+def test_a_fleet_ask_that_fails_to_start_leaves_the_run_alone(
+    fleet: Fleet, project: Path, server: Server, tmp_path: Path
+) -> None:
+    # fleet-run starts the fleet-ask next to itself: here one that fails at once.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("fleet", "fleet-run"):
+        (bindir / name).symlink_to(fleet_exe(name))
+    (bindir / "fleet-ask").write_text("#!/bin/sh\necho 'fleet-ask: broken' >&2\nexit 69\n")
+    (bindir / "fleet-ask").chmod(0o755)
+    configure(fleet, server, tmp_path / "claude-home")
+    key = uuid.uuid4().hex
+    tid = fleet.add("no tools", "--coder", "claude", "-d", f"FLEET-SCENARIO:shell:{key}")
+    result = run(tid, project, bindir / "fleet-run")
+    assert result.returncode == 0, result.stderr
+    seen = events(result.stdout)
+    # The CLI reports the server failed and works on without its tools.
+    assert seen[0]["text"].endswith("MCP fleet failed")
+    assert server.calls(key) and not any("mcp__fleet" in json.dumps(b) for b in server.calls(key))
+    assert shown(fleet, tid)["status"] == "done"
+
+
+def test_the_model_asks_a_person_and_finishes_with_the_answer(
+    fleet: Fleet, project: Path, server: Server, tmp_path: Path
+) -> None:
+    configure(fleet, server, tmp_path / "claude-home")
+    key = uuid.uuid4().hex
+    tid = fleet.add("pick a colour", "--coder", "claude", "-d", f"FLEET-SCENARIO:ask:{key}")
+    out = tmp_path / "events.jsonl"
+    with running(tid, project, out) as agent:
+        question = asked_in_background(tid, agent, out, DEADLINE)
+        assert (question["task"], question["status"], question["kind"]) == (
+            tid,
+            "pending",
+            "choice",
+        )
+        assert question["text"] == anthropic.ASK_INPUT["question"]
+        assert question["options"] == anthropic.ASK_INPUT["options"]
+        assert question["multi_select"] is False and question["answered_by"] is None
+        assert shown(fleet, tid)["question"] == question["id"]
+        # The model is waiting on the tool: no call has carried its result yet.
+        assert all(anthropic.ASK_TOOL not in anthropic.called(b) for b in server.calls(key))
+        assert agent.poll() is None
+        # A person answers from another shell: option 3 by its number, with a comment.
+        answer = run_fleet("answer", question["id"], "make it stand out", "--choice", "3")
+        assert (answer.code, answer.out) == (0, question["id"] + "\n"), answer.err
+        assert agent.wait(timeout=DEADLINE) == 0, out.with_suffix(".err").read_text()
+    person = f"{getpass.getuser()}@{socket.gethostname()}"
+    received = f"The person ({person}) chose: blue\nTheir comment: make it stand out"
+    # The model loaded the deferred tools with ToolSearch, whose answer defined ask_human.
+    bodies = server.calls(key)
+    assert [anthropic.called(b) for b in bodies] == [
+        [],
+        [anthropic.SEARCH_TOOL],
+        [anthropic.SEARCH_TOOL, anthropic.ASK_TOOL],
+        [anthropic.SEARCH_TOOL, anthropic.ASK_TOOL, anthropic.DONE_TOOL],
+    ]
+    (schema,) = [t for t in bodies[1]["tools"] if t["name"] == anthropic.ASK_TOOL]
+    assert {"question", "kind", "options", "multi_select"} <= set(
+        schema["input_schema"]["properties"]
+    )
+    # The model saw the answer as the tool's result and passed it on to task_done.
+    seen_by_model = anthropic.tool_result_text(bodies[2], anthropic.ASK_TOOL)
+    assert seen_by_model == received
+    done_result = anthropic.tool_result_text(bodies[3], anthropic.DONE_TOOL)
+    assert done_result.startswith(f"{tid} is now done")
+    task = shown(fleet, tid)
+    assert (task["status"], task["reason"], task["question"]) == (
+        "done",
+        anthropic.done_summary(seen_by_model),
+        None,
+    )
+    assert [a["outcome"] for a in task["attempt_log"]] == ["success"]
+    seen = events(out.read_text())
+    calls = [(e["tool"], e["text"]) for e in seen if e["event"] == "tool_call"]
+    assert calls == [
+        (anthropic.SEARCH_TOOL, anthropic.SEARCH_INPUT["query"]),
+        (anthropic.ASK_TOOL, json.dumps(anthropic.ASK_INPUT)),
+        (anthropic.DONE_TOOL, json.dumps({"summary": anthropic.done_summary(seen_by_model)})),
+    ]
+    results = [(e["tool"], e["text"]) for e in seen if e["event"] == "tool_result"]
+    assert [(tool, text) for tool, text in results][1] == (anthropic.ASK_TOOL, received)
+    (done,) = json.loads(fleet.ok("questions", "--all", "--json", "--task", tid))
+    assert (done["id"], done["status"], done["answered_by"]) == (question["id"], "answered", person)
+    assert (done["answer"], done["choices"], done["comment"]) == (
+        "blue",
+        ["blue"],
+        "make it stand out",
+    )
+    # Nothing waits any more; a second answer is refused and names the first.
+    assert json.loads(fleet.ok("questions", "--json")) == []
+    again = run_fleet("answer", question["id"], "--choice", "red")
+    assert again.code == 4 and f"already answered by {person}" in again.err
 
 
 def test_a_full_context_stops_the_agent_and_requeues(
@@ -731,6 +834,85 @@ def test_fleet_kill_ends_the_running_tool(box: Box) -> None:
     task = box.show(task_id)
     assert [a["outcome"] for a in task["attempt_log"]] == ["killed"]
     assert task["status"] == "blocked" and "stopped by a person" in task["reason"]
+
+
+def status_text(box: Box, task_id: str) -> str:
+    unit = f"fleet-task@{task_id}"
+    return box.box.systemctl("show", "-p", "StatusText", "--value", unit).stdout.strip()
+
+
+def pending_in_box(box: Box, task_id: str) -> dict[str, Any]:
+    """The question the task's agent asks, once `fleet questions --wait` sees it."""
+    args = ("questions", "--wait", "--json", "--timeout", "60", "--task", task_id)
+    found = box(*args, check=False, timeout=90)
+    if found.returncode != 0:
+        journal = box.box.run("journalctl", "-n", "80", "--no-pager").stdout
+        raise AssertionError(f"no question from {task_id}: {found.stderr}\n{journal}")
+    (question,) = json.loads(found.stdout)
+    assert isinstance(question, dict)
+    return question
+
+
+def test_a_unit_waits_for_a_person_and_finishes_with_the_answer(box: Box, server: Server) -> None:
+    key = uuid.uuid4().hex
+    task_id = box.add(f"FLEET-SCENARIO:ask:{key}")
+    question = pending_in_box(box, task_id)
+    qid = question["id"]
+    assert (question["kind"], question["text"], question["options"]) == (
+        "choice",
+        anthropic.ASK_INPUT["question"],
+        anthropic.ASK_INPUT["options"],
+    )
+    # While it waits: the unit's status line says so, and so does `fleet ls`.
+    box.box.wait_for(
+        lambda: "waiting for a person" in status_text(box, task_id), 30, "the unit's status"
+    )
+    assert f"waiting for a person: {qid} (choice) Which colour" in status_text(box, task_id)
+    (row,) = [r for r in box("ls").stdout.splitlines() if r.startswith(task_id)]
+    assert row.split()[1] == "asking"
+    assert box.show(task_id)["question"] == qid
+    # Answered by the task's id (it has exactly one question waiting).
+    answer = box("answer", task_id, "--choice", "blue", "--by", "tester", "--json")
+    assert json.loads(answer.stdout)["status"] == "answered"
+    assert box.wait(task_id) == 0
+    received = "The person (tester) chose: blue"
+    task = box.show(task_id)
+    assert task["status"] == "done" and task["reason"].removeprefix("answer: ") == received
+    assert task["reason"].startswith("answer: ")
+    assert [a["outcome"] for a in task["attempt_log"]] == ["success"]
+    (last,) = [b for b in server.calls(key) if anthropic.DONE_TOOL in anthropic.called(b)]
+    assert anthropic.tool_result_text(last, anthropic.ASK_TOOL) == received
+    (done,) = json.loads(box("questions", "--all", "--json", "--task", task_id).stdout)
+    assert (done["status"], done["answered_by"], done["answer"]) == ("answered", "tester", "blue")
+    # fleet-ask wrote the question and its answer to the task's journal.
+    entries = box.box.journal("-u", f"fleet-task@{task_id}", "SYSLOG_IDENTIFIER=fleet-ask")
+    mine = [e for e in entries if e.get("FLEET_QUESTION") == qid]
+    assert [(e["MESSAGE"], e["FLEET_QUESTION_STATUS"]) for e in mine] == [
+        (
+            f"question {qid} (choice): Which colour should the new button be?"
+            " [1) red | 2) green | 3) blue]",
+            "pending",
+        ),
+        (f"answer to {qid} by tester: blue", "answered"),
+    ]
+    assert all(e["FLEET_TASK_ID"] == task_id and e["FLEET_EVENT"] == "question" for e in mine)
+    assert "waiting for a person" not in status_text(box, task_id)
+
+
+def test_fleet_kill_while_the_agent_waits_cancels_the_question(box: Box) -> None:
+    task_id = box.add(f"FLEET-SCENARIO:ask:{uuid.uuid4().hex}")
+    question = pending_in_box(box, task_id)
+    box("kill", task_id)
+    assert box.wait(task_id) == 1
+    task = box.show(task_id)
+    assert [a["outcome"] for a in task["attempt_log"]] == ["killed"]
+    assert task["status"] == "blocked" and task["question"] is None
+    (gone,) = json.loads(box("questions", "--all", "--json", "--task", task_id).stdout)
+    assert (gone["id"], gone["status"], gone["answered_by"]) == (question["id"], "cancelled", None)
+    assert json.loads(box("questions", "--json").stdout) == []
+    late = box("answer", question["id"], "--choice", "red", check=False)
+    assert late.returncode == 4 and "cancelled" in late.stderr
+    assert box.tool_pids("fleet-ask") == ""
 
 
 def test_a_rate_limited_task_runs_again_after_the_reset(oauth_box: Box, server: Server) -> None:

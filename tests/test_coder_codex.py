@@ -33,11 +33,13 @@ from fleet.paths import resolve
 from fleet.store import open_store
 from fleet.timeutil import parse as parse_time
 from tests import sandbox
-from tests.conftest import ROOT, Fleet, fleet_exe
+from tests.conftest import ROOT, Fleet, asked_in_background, fleet_exe, run_fleet
 from tests.conftest import events_of as events
 from tests.conftest import fleet_run as run
+from tests.conftest import run_in_background as running
 from tests.conftest import show_task as show
 from tests.sandbox import Sandbox
+from tests.servers import openai_responses
 from tests.servers.base import Log
 from tests.servers.openai_responses import CONTEXT_TOKENS, USAGE, State, responses, scripted
 
@@ -539,7 +541,7 @@ def test_codex_writes_a_file_and_closes_its_task(
     fleet: Fleet, project: Path, codex: Scripted, home: Path, tmp_path: Path
 ) -> None:
     # fleet's programs linked into a directory of their own, so that the fleet-ask next to
-    # fleet-run is one that notes how codex started it before it is the real one (exit 69).
+    # fleet-run is one that notes how codex started it before it becomes the real one.
     bindir, asked = tmp_path / "bin", tmp_path / "asked"
     bindir.mkdir()
     for name in ("fleet", "fleet-run"):
@@ -573,8 +575,15 @@ def test_codex_writes_a_file_and_closes_its_task(
     ]
     assert [e["text"] for e in seen if e["event"] == "tool_result"][1] == tid  # fleet was on PATH
     assert any(e["event"] == "usage" and e.get("context") == 1230 for e in seen)
-    # codex started fleet-ask as its MCP server, which failed (exit 69 today): it carried on.
+    # codex started fleet-ask as its MCP server, and offered its tools with every request.
     assert asked.read_text() == f"{tid} {home} 0\n"
+    for body in bodies:
+        assert openai_responses.namespaces(body)["mcp__fleet"] == [
+            "ask_human",
+            "notify_human",
+            "task_blocked",
+            "task_done",
+        ]
     assert (home / "tasks" / tid / LAST_MESSAGE).read_text().startswith("Done: wrote")
     # The x-codex-* headers reached fleet's gauges through codex's session file.
     store = open_store(resolve())
@@ -585,6 +594,53 @@ def test_codex_writes_a_file_and_closes_its_task(
     assert gauges == {"five_hour": ("allowed", 0.42), "seven_day": ("allowed", 0.1)}
     # The session is in codex's own store, where `codex exec resume <id>` finds it.
     assert list(codex.codex_home.glob(f"sessions/*/*/*/rollout-*-{attempt['session_id']}.jsonl"))
+
+
+def test_codex_asks_a_person_and_finishes_with_task_done(
+    fleet: Fleet, project: Path, codex: Scripted, tmp_path: Path
+) -> None:
+    tid = add(fleet, "ask")
+    out = tmp_path / "events.jsonl"
+    with running(tid, project, out) as agent:
+        question = asked_in_background(tid, agent, out, DEADLINE)
+        assert (question["task"], question["status"], question["kind"]) == (
+            tid,
+            "pending",
+            "approval",
+        )
+        assert question["text"] == openai_responses.ASK_ARGS["question"]
+        assert question["options"] == [] and show(fleet, tid)["question"] == question["id"]
+        assert len(responses(codex.log)) == 1 and agent.poll() is None
+        # A person denies it from another shell, with a comment.
+        answer = run_fleet("answer", question["id"], "--deny", "keep it for now", "--by", "tester")
+        assert answer.code == 0, answer.err
+        assert agent.wait(timeout=DEADLINE) == 0, out.with_suffix(".err").read_text()
+    received = "The person (tester) DENIED it.\nTheir comment: keep it for now"
+    # The model saw the answer as the tool's output and passed it on to task_done.
+    bodies = responses(codex.log)
+    assert len(bodies) == 3
+    (seen_by_model,) = openai_responses.outputs(bodies[1])
+    wall, said = seen_by_model.split("\nOutput:\n", 1)  # codex's frame of an MCP tool's output
+    assert wall.startswith("Wall time: ") and said == received
+    task = show(fleet, tid)
+    assert (task["status"], task["reason"], task["question"]) == (
+        "done",
+        openai_responses.done_summary(seen_by_model),
+        None,
+    )
+    assert [a["outcome"] for a in task["attempt_log"]] == ["success"]
+    seen = events(out.read_text())
+    assert [e["tool"] for e in seen if e["event"] == "tool_call"] == [
+        "mcp__fleet__ask_human",
+        "mcp__fleet__task_done",
+    ]
+    (done,) = json.loads(fleet.ok("questions", "--all", "--json", "--task", tid))
+    assert (done["status"], done["answered_by"], done["approved"], done["comment"]) == (
+        "answered",
+        "tester",
+        False,
+        "keep it for now",
+    )
 
 
 def test_a_garbage_line_before_codex_is_survived(

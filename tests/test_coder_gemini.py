@@ -29,8 +29,9 @@ from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdic
 from fleet.coders.gemini import MCP_TIMEOUT_MS, GeminiCoder, pacific_midnight
 from fleet.timeutil import parse
 from tests import sandbox
-from tests.conftest import ROOT, Fleet, events_of, fleet_exe
+from tests.conftest import ROOT, Fleet, asked_in_background, events_of, fleet_exe, run_fleet
 from tests.conftest import fleet_run as run
+from tests.conftest import run_in_background as running
 from tests.conftest import show_task as show
 from tests.sandbox import Sandbox
 from tests.servers import gemini as server
@@ -487,6 +488,55 @@ def test_by_hand_the_cli_writes_the_file_closes_the_task_and_survives_garbage(
     lines = events_of(resumed.stdout)
     assert lines[0]["type"] == "init" and lines[0]["session_id"] == session
     assert server.WRITE_COMMAND in json.dumps(requests(log)[-1])  # the history came along
+
+
+def test_by_hand_the_model_asks_a_person_and_closes_the_task_with_the_answer(
+    fleet: Fleet, project: Path, tmp_path: Path, gemini: tuple[str, Log]
+) -> None:
+    _, log = gemini
+    tid = fleet.add("ask", "--coder", "gemini", "--model", MODEL, "-d", "FLEET-SCENARIO=ask")
+    out = tmp_path / "events.jsonl"
+    with running(tid, project, out) as agent:
+        question = asked_in_background(tid, agent, out, DEADLINE)
+        assert (question["task"], question["status"], question["kind"]) == (
+            tid,
+            "pending",
+            "choice",
+        )
+        assert question["text"] == server.ASK_ARGS["question"]
+        assert question["options"] == server.ASK_ARGS["options"]
+        assert question["multi_select"] is True
+        assert show(fleet, tid)["question"] == question["id"] and agent.poll() is None
+        # A person picks two options, one by its number and one by its text.
+        answer = run_fleet("answer", tid, "-c", "1", "-c", "LINT", "--by", "tester", "--json")
+        assert answer.code == 0, answer.err
+        assert json.loads(answer.out)["choices"] == ["unit tests", "lint"]
+        assert agent.wait(timeout=DEADLINE) == 0, out.with_suffix(".err").read_text()
+    received = "The person (tester) chose: unit tests, lint"
+    # The model saw the answer as the function's response, and closed the task with it.
+    bodies = requests(log)
+    assert "mcp_fleet_ask_human" in server.declared(bodies[0])
+    # The CLI marks what an MCP tool returns as untrusted.
+    seen_by_model = f"<untrusted_context>\n{received}\n</untrusted_context>"
+    answered = [b for b in bodies if server.tool_results(b) == 1]
+    assert answered and all(server.last_response(b) == seen_by_model for b in answered)
+    shown = show(fleet, tid)
+    assert (shown["status"], shown["reason"], shown["question"]) == (
+        "done",
+        f"answer: {seen_by_model}",
+        None,
+    )
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["success"]
+    seen = events_of(out.read_text())
+    calls = [(e["tool"], e["text"]) for e in seen if e["event"] == "tool_call"]
+    assert [tool for tool, _ in calls] == ["mcp_fleet_ask_human", "run_shell_command"]
+    assert calls[1][1] == " ".join(server.close_command(seen_by_model).split())
+    (done,) = json.loads(fleet.ok("questions", "--all", "--json", "--task", tid))
+    assert (done["status"], done["answered_by"], done["choices"]) == (
+        "answered",
+        "tester",
+        ["unit tests", "lint"],
+    )
 
 
 def test_by_hand_a_huge_context_is_context_pressure(

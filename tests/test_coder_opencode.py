@@ -4,7 +4,9 @@ The CLI (tests/clis, pinned) talks to a scripted Chat Completions server in this
 (tests/servers/openai_chat.py); a marker in the task's description picks the scenario. Runs go
 through `fleet-run ID` by hand (no systemd) and through real units in a sandboxed systemd. The
 CLI's HOME is a directory of the test with OpenCode's plugin package marked as installed, as
-on a machine where OpenCode has run before (otherwise every start npm-installs it).
+on a machine where OpenCode has run before (otherwise every start npm-installs it). Both ways,
+the model also asks a person through fleet-ask's `ask_human` and the test answers with
+`fleet answer`, as a person would.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +31,10 @@ from fleet.paths import resolve
 from fleet.store import open_store
 from fleet.timeutil import parse
 from tests import sandbox
-from tests.conftest import ROOT, Fleet, fleet_exe
+from tests.conftest import ROOT, Fleet, asked_in_background, fleet_exe, run_fleet
 from tests.conftest import events_of as events
 from tests.conftest import fleet_run as run
+from tests.conftest import run_in_background as running
 from tests.conftest import show_task as show
 from tests.sandbox import Sandbox
 from tests.servers import openai_chat as chat
@@ -41,6 +45,8 @@ OPENCODE = ROOT / "tests" / "clis" / "node_modules" / ".bin" / "opencode"
 STREAMS = ROOT / "tests" / "fixtures" / "streams"
 BIN = os.path.dirname(fleet_exe())
 DEADLINE = 90.0
+FLEET_TOOLS = ("ask_human", "notify_human", "task_blocked", "task_done")
+ASK_TOOL = f"{MCP_SERVER}_ask_human"  # OpenCode names MCP tools <server>_<tool>
 # Where OpenCode keeps its state when HOME is /root: a test must leave them as they were.
 ROOT_STATE = tuple(
     f"/root/{d}/opencode" for d in (".config", ".local/share", ".cache", ".local/state")
@@ -506,15 +512,93 @@ def test_a_task_runs_closes_itself_and_counts_its_tokens(
     assert attempt["outcome"] == "success" and attempt["session_id"] == seen[1]["session"]
     assert (attempt["tokens_in"], attempt["tokens_out"]) == (3 * chat.PROMPT, 3 * chat.OUTPUT)
     assert (project / "fleet_out.txt").read_text() == "written by the fake model\n"
-    # Three model calls (no title call), each with the prompt exactly as fleet wrote it;
-    # fleet-ask (not implemented yet) failed to start, which left the run alone.
+    # Three model calls (no title call), each with the prompt exactly as fleet wrote it and
+    # with fleet-ask's tools.
     bodies = requests_of(log, task_id)
     assert len(bodies) == 3 and all(b["tools"] for b in bodies)
     prompt = (Path(os.environ["FLEET_HOME"]) / "tasks" / task_id / "prompt.md").read_text()
     assert chat.user_texts(bodies[0]) == [prompt]
-    assert not any(t["function"]["name"].startswith(MCP_SERVER) for t in bodies[0]["tools"])
+    for body in bodies:
+        offered = {t["function"]["name"] for t in body["tools"]}
+        assert {"bash", *(f"{MCP_SERVER}_{t}" for t in FLEET_TOOLS)} <= offered
+
+
+def test_a_fleet_ask_that_fails_to_start_leaves_the_run_alone(
+    fleet: Fleet, project: Path, tmp_path: Path, server: tuple[str, Log], clihome: Path
+) -> None:
+    url, log = server
+    # fleet-run starts the fleet-ask next to itself: here one that fails at once.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("fleet", "fleet-run"):
+        (bindir / name).symlink_to(fleet_exe(name))
+    (bindir / "fleet-ask").write_text("#!/bin/sh\necho 'fleet-ask: broken' >&2\nexit 69\n")
+    (bindir / "fleet-ask").chmod(0o755)
+    fleet.ok("config", "set", *settings(url, clihome))
+    task_id = fleet.add("no tools", "--coder", "opencode", "-d", "FLEET_SCENARIO=shell")
+    result = run(task_id, project, bindir / "fleet-run")
+    assert result.returncode == 0, result.stderr
+    assert show(fleet, task_id)["status"] == "done"
+    # OpenCode only dropped the server's tools, with a warning in its log.
+    bodies = requests_of(log, task_id)
+    assert len(bodies) == 3
+    assert not any(t["function"]["name"].startswith(MCP_SERVER) for b in bodies for t in b["tools"])
     logs = "".join(p.read_text() for p in (clihome / ".local/share/opencode/log").iterdir())
-    assert 'message="server unavailable" key=fleet-ask type=local status=failed' in logs
+    assert f'message="server unavailable" key={MCP_SERVER} type=local status=failed' in logs
+
+
+def test_the_model_asks_a_person_and_closes_the_task_with_the_answer(
+    fleet: Fleet, project: Path, tmp_path: Path, server: tuple[str, Log], clihome: Path
+) -> None:
+    url, log = server
+    fleet.ok("config", "set", *settings(url, clihome))
+    task_id = fleet.add("greet", "--coder", "opencode", "-d", "FLEET_SCENARIO=ask")
+    out = tmp_path / "events.jsonl"
+    with running(task_id, project, out) as agent:
+        question = asked_in_background(task_id, agent, out, DEADLINE)
+        assert (question["task"], question["status"], question["kind"]) == (
+            task_id,
+            "pending",
+            "input",
+        )
+        assert question["text"] == chat.ASK_ARGS["question"]
+        assert (question["options"], question["multi_select"]) == ([], False)
+        assert show(fleet, task_id)["question"] == question["id"]
+        assert "asking" in fleet.ok("ls").split()
+        assert len(requests_of(log, task_id)) == 1 and agent.poll() is None
+        # A person answers from another shell, naming the task (it has one question waiting);
+        # the quotes and the dollar reach the model and the shell untouched.
+        text = 'Hi, it\'s "$USER" here'
+        answer = run_fleet("answer", task_id, text, "--by", "tester", "--json")
+        assert answer.code == 0, answer.err
+        assert json.loads(answer.out)["answer"] == text
+        assert agent.wait(timeout=DEADLINE) == 0, out.with_suffix(".err").read_text()
+    received = f"The person (tester) answered: {text}"
+    # The model saw the answer as the tool's result, and closed the task with it in the shell.
+    bodies = requests_of(log, task_id)
+    assert len(bodies) == 3
+    assert ASK_TOOL in {t["function"]["name"] for t in bodies[0]["tools"]}
+    assert chat.last_tool_result(bodies[1]) == received
+    shown = show(fleet, task_id)
+    assert (shown["status"], shown["reason"], shown["question"]) == (
+        "done",
+        f"answer: {received}",
+        None,
+    )
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["success"]
+    seen = events(out.read_text())
+    calls = [(e["tool"], e["text"]) for e in seen if e["event"] == "tool_call"]
+    assert [tool for tool, _ in calls] == [ASK_TOOL, "bash"]
+    assert calls[1][1] == chat.close_command(received)
+    assert next(e["text"] for e in seen if e["event"] == "tool_result") == received
+    (done,) = json.loads(fleet.ok("questions", "--all", "--json", "--task", task_id))
+    assert (done["id"], done["status"], done["answered_by"], done["answer"]) == (
+        question["id"],
+        "answered",
+        "tester",
+        text,
+    )
+    assert json.loads(fleet.ok("questions", "--json")) == []
 
 
 def test_a_huge_context_stops_the_attempt_and_requeues_it(
@@ -645,6 +729,82 @@ def test_units_run_one_task_to_done_and_kill_another_with_its_tool(units: Units)
     shown = units.show(hung)
     assert [a["outcome"] for a in shown["attempt_log"]] == ["killed"]
     assert "stopped by a person" in shown["reason"]
+
+
+def pending_in_units(units: Units, task_id: str) -> dict[str, Any]:
+    """The question the task's agent asks, once `fleet questions --wait` sees it."""
+    args = ("questions", "--wait", "--json", "--timeout", str(int(DEADLINE)), "--task", task_id)
+    found = units(*args, check=False, timeout=DEADLINE + 30)
+    if found.returncode != 0:
+        journal = units.box.run("journalctl", "-n", "80", "--no-pager").stdout
+        raise AssertionError(f"no question from {task_id}: {found.stderr}\n{journal}")
+    (question,) = json.loads(found.stdout)
+    assert isinstance(question, dict)
+    return question
+
+
+def status_text(units: Units, task_id: str) -> str:
+    unit = f"fleet-task@{task_id}"
+    return units.box.systemctl("show", "-p", "StatusText", "--value", unit).stdout.strip()
+
+
+def status_says(units: Units, task_id: str, words: str) -> bool:
+    return words in status_text(units, task_id)
+
+
+def test_units_wait_for_a_person_one_answered_and_one_killed(
+    units: Units, server: tuple[str, Log]
+) -> None:
+    _, log = server
+    task_id = units.add("ask and close", "ask")
+    killed = units.add("ask and be stopped", "ask")
+    question = pending_in_units(units, task_id)
+    doomed = pending_in_units(units, killed)
+    assert (question["kind"], question["text"]) == ("input", chat.ASK_ARGS["question"])
+    # While they wait: the units' status lines say so, and `fleet ls` shows them asking.
+    for tid, q in ((task_id, question), (killed, doomed)):
+        expected = f"waiting for a person: {q['id']} (input) What should"
+        units.box.wait_for(partial(status_says, units, tid, expected), 30, f"{tid}'s status")
+        (row,) = [r for r in units("ls").stdout.splitlines() if r.startswith(tid)]
+        assert row.split()[1] == "asking"
+        assert units.show(tid)["question"] == q["id"]
+
+    # A kill while the agent waits: the question is cancelled, nobody can answer it any more.
+    units("kill", killed)
+    assert units.wait(killed) == 1
+    shown = units.show(killed)
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["killed"]
+    assert shown["status"] == "blocked" and shown["question"] is None
+    (gone,) = json.loads(units("questions", "--all", "--json", "--task", killed).stdout)
+    assert (gone["id"], gone["status"], gone["answered_by"]) == (doomed["id"], "cancelled", None)
+    late = units("answer", doomed["id"], "too late", check=False)
+    assert late.returncode == 4 and "cancelled" in late.stderr
+    # The other one still waits, and its answer finishes it.
+    assert [q["id"] for q in json.loads(units("questions", "--json").stdout)] == [question["id"]]
+    units("answer", question["id"], "Hello, world", "--by", "tester")
+    assert units.wait(task_id) == 0
+    received = "The person (tester) answered: Hello, world"
+    shown = units.show(task_id)
+    assert (shown["status"], shown["reason"]) == ("done", f"answer: {received}")
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["success"]
+    assert chat.last_tool_result(requests_of(log, task_id)[1]) == received
+    (done,) = json.loads(units("questions", "--all", "--json", "--task", task_id).stdout)
+    assert (done["status"], done["answered_by"], done["answer"]) == (
+        "answered",
+        "tester",
+        "Hello, world",
+    )
+    # fleet-ask wrote the question and its answer to the task's journal.
+    qid = question["id"]
+    entries = units.box.journal("-u", f"fleet-task@{task_id}", f"FLEET_QUESTION={qid}")
+    assert [
+        (e["SYSLOG_IDENTIFIER"], e["MESSAGE"], e["FLEET_QUESTION_STATUS"]) for e in entries
+    ] == [
+        ("fleet-ask", f"question {qid} (input): {chat.ASK_ARGS['question']}", "pending"),
+        ("fleet-ask", f"answer to {qid} by tester: Hello, world", "answered"),
+    ]
+    journal = units.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
+    assert f"→ {ASK_TOOL}" in journal
 
 
 def test_a_rate_limited_task_runs_again_after_the_reset(

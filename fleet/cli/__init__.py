@@ -11,6 +11,7 @@ from fleet.cli import (  # noqa: F401  (they register commands)
     control,
     listing,
     logs,
+    questions,
     setup,
 )
 from fleet.cli.app import cli, run

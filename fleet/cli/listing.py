@@ -26,6 +26,8 @@ STATUS_CHOICE = click.Choice([s.value for s in Status])
 def _state(task: Task) -> str:
     if task.status == Status.READY and task.waiting_on:
         return "waiting"
+    if task.status == Status.RUNNING and task.question:
+        return "asking"  # its agent waits for a person's answer
     return str(task.status)
 
 
@@ -170,6 +172,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("parent", opt(task.parent)),
             ("attempts", f"{task.attempts} (failures {task.failures}, no-close {task.noclose})"),
             ("tokens", tokens(task) + ("" if task.cost is None else f", ${task.cost:.4f}")),
+            ("question", opt(task.question and f"{task.question} (fleet questions)")),
             ("claim", opt(claim)),
             ("unit", opt(f"{unit_state}: {unit_status}" if unit_state else "")),
             ("created", task.created_at),

@@ -18,11 +18,11 @@ home (checked: six at once). What fleet sets per task rides on the command line 
 overrides, which codex layers over `config.toml` for that process only:
 
 * `mcp_servers.fleet`: `fleet-ask` (next to the running fleet-run) with FLEET_TASK_ID and
-  FLEET_HOME, not required, and `tool_timeout_sec` of a day instead of codex's 300 s, so a person
-  can take hours to answer; `mcp_optional_startup_grace_ms` lets the first model request wait
-  (at most 10 s) for it, which codex otherwise sends before optional servers are up. A server that
-  fails to start (fleet-ask exits 69 today) is dropped silently: nothing on stdout or stderr, and
-  the task runs without the tool.
+  FLEET_HOME, not required, and `tool_timeout_sec` of 24.8 days instead of codex's 300 s (as
+  long as the other coders allow, above any question_timeout_seconds), so a person can take
+  hours to answer; `mcp_optional_startup_grace_ms` lets the first model request wait (at most
+  10 s) for it, which codex otherwise sends before optional servers are up. A server that fails
+  to start is dropped silently: nothing on stdout or stderr, and the task runs without the tool.
 * `model_providers.<id>.stream_max_retries=0`, only when the provider in use is one the user
   defined (codex refuses to start if a built-in one, `openai`, `ollama`, `lmstudio`,
   `amazon-bedrock`, is named, or an undefined one). That budget is what codex spends on a 429,
@@ -76,7 +76,7 @@ from fleet.coders.base import Coder, CoderSettings, Event, Kind, RunSpec, Tally,
 from fleet.paths import program
 
 MCP_NAME = "fleet"
-ASK_TIMEOUT_S = 86_400.0  # a person may answer fleet-ask the next morning
+ASK_TIMEOUT_S = 2_147_483.0  # 24.8 days, as the other coders: above question_timeout_seconds
 MCP_GRACE_MS = 10_000
 LAST_MESSAGE = "codex-last-message.md"
 BUILTIN_PROVIDERS = frozenset({"openai", "ollama", "lmstudio", "amazon-bedrock", "oss"})

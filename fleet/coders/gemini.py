@@ -24,16 +24,15 @@ runs in the task's directory with stdin from /dev/null. What fleet decides for i
   `fleet-ask` (next to this `fleet-run`) with FLEET_TASK_ID and FLEET_HOME, trusted, and a
   tool-call timeout of 2**31-1 ms (~24.8 days, the largest value the CLI accepts: above it the
   timeout becomes 1 ms and the server silently disappears), so that a person's answer may take
-  hours; the CLI has no notion of a required server, and a server that fails to start (as
-  `fleet-ask` does until it is implemented) only prints "MCP issues detected" on stderr while
-  the task runs on. `general.maxAttempts` = 1 caps the CLI's own retries (by default 10
-  attempts, about 3.5 minutes on a 429; with one, a 429 ends the run in about 2 s), and
-  `enableAutoUpdate` = false keeps it from reinstalling itself in the middle of a task. FLEET_*
-  variables are exempt from the CLI's environment redaction, which would hide them from the
-  shell tool on a CI machine (`GITHUB_SHA` set), and `fleet` is added to an `mcp.allowed` list
-  the user may have. When the user chose no auth type and GEMINI_API_KEY is set, the auth type
-  becomes `gemini-api-key`: with `GOOGLE_GEMINI_BASE_URL` set the CLI would otherwise pick
-  `gateway` and exit 41.
+  hours; the CLI has no notion of a required server, and a server that fails to start only
+  prints "MCP issues detected" on stderr while the task runs on. `general.maxAttempts` = 1 caps
+  the CLI's own retries (by default 10 attempts, about 3.5 minutes on a 429; with one, a 429
+  ends the run in about 2 s), and `enableAutoUpdate` = false keeps it from reinstalling itself
+  in the middle of a task. FLEET_* variables are exempt from the CLI's environment redaction,
+  which would hide them from the shell tool on a CI machine (`GITHUB_SHA` set), and `fleet` is
+  added to an `mcp.allowed` list the user may have. When the user chose no auth type and
+  GEMINI_API_KEY is set, the auth type becomes `gemini-api-key`: with `GOOGLE_GEMINI_BASE_URL`
+  set the CLI would otherwise pick `gateway` and exit 41.
 * **Environment:** `GEMINI_CLI_TRUST_WORKSPACE=true` (an untrusted folder silently turns
   `yolo` back into asking, and refuses stdio MCP servers) and `GEMINI_CLI_NO_RELAUNCH=true`: by
   default the CLI relaunches itself as a child node process and the parent ignores SIGTERM, so a

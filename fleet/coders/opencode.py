@@ -25,7 +25,7 @@ session list` at a time create it under an flock before the task's own start.
 Runtime configuration: fleet's additions go in `OPENCODE_CONFIG_CONTENT`, which OpenCode lays
 over the user's and the project's `opencode.json` (those still apply), merged into a value the
 user set there (in `[coders.opencode] env` or the environment). It declares the MCP server
-`fleet-ask` (the `fleet-ask` next to this fleet-run, with FLEET_TASK_ID and FLEET_HOME), not
+`fleet` (the `fleet-ask` next to this fleet-run, with FLEET_TASK_ID and FLEET_HOME), not
 required (OpenCode has no such notion), with a tool-call timeout of 2,147,483,647 ms, OpenCode's
 largest (24.8 days; the default is 60 s and a larger value turns into 1 ms), so that a person's
 answer may take hours. The same value bounds the server's start, but a server that exits
@@ -65,7 +65,7 @@ from typing import Any
 from fleet.coders.base import Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.paths import program
 
-MCP_SERVER = "fleet-ask"
+MCP_SERVER = "fleet"  # as for the other coders; OpenCode names the tools fleet_ask_human, …
 # Exit statuses a shell reports for a process killed by SIGINT, SIGKILL or SIGTERM.
 SIGNAL_EXITS = frozenset(128 + s for s in (signal.SIGINT, signal.SIGKILL, signal.SIGTERM))
 MCP_TIMEOUT_MS = 2_147_483_647  # OpenCode's largest tool-call timeout (a larger one means 1 ms)

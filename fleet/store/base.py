@@ -5,7 +5,10 @@ Semantics every backend must keep (the SQLite one today, PostgreSQL later):
   concurrent callers can never claim a task twice or resurrect a finished one;
 - `claim` takes the highest-priority, oldest ready tasks whose dependencies are all done;
 - a person's close/block/cancel wins over a running attempt: when that attempt ends, `finish`
-  keeps the person's status and only records the attempt.
+  keeps the person's status and only records the attempt;
+- a question leaves `pending` exactly once (answered, expired or cancelled), so the first answer
+  wins; `finish` cancels the questions the ending attempt left pending; `tasks.question` names
+  the newest pending question of the task, or nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +18,17 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from fleet.errors import InputError
-from fleet.model import Attempt, AttemptEnd, Status, Task, TaskEdit, TaskSpec
+from fleet.model import (
+    Attempt,
+    AttemptEnd,
+    Question,
+    QuestionKind,
+    QuestionStatus,
+    Status,
+    Task,
+    TaskEdit,
+    TaskSpec,
+)
 
 Count = Literal["failure", "noclose"]
 
@@ -142,3 +155,42 @@ class Store(Protocol):
         reason: str | None = None,
         count: Count | None = None,
     ) -> Task: ...
+
+    # Questions from agents
+    def ask(
+        self,
+        task_id: str,
+        kind: QuestionKind,
+        text: str,
+        options: Sequence[str],
+        multi_select: bool,
+        expires_at: str,
+    ) -> Question:
+        """Record a question of the running attempt (Conflict if the task is not running)."""
+        ...
+
+    def question(self, qid: str) -> Question: ...
+
+    def resolve_question(self, ref: str) -> str:
+        """The full question id for a full id or an unambiguous prefix."""
+        ...
+
+    def questions(self, task_id: str | None = None, pending: bool = True) -> list[Question]:
+        """Questions (only pending ones unless told), oldest first."""
+        ...
+
+    def answer(
+        self,
+        qid: str,
+        by: str,
+        answer: str,
+        choices: Sequence[str] = (),
+        approved: bool | None = None,
+        comment: str | None = None,
+    ) -> Question:
+        """Answer a pending question; Conflict ("already answered by ...") otherwise."""
+        ...
+
+    def end_question(self, qid: str, status: QuestionStatus) -> Question | None:
+        """Expire or cancel a pending question; None if it was no longer pending."""
+        ...

@@ -80,6 +80,31 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             created_at TEXT NOT NULL
         ) WITHOUT ROWID""",
     ),
+    (
+        # The pending question, kept on the task row so listings need no join.
+        "ALTER TABLE tasks ADD COLUMN question TEXT",
+        """CREATE TABLE questions (
+            id TEXT PRIMARY KEY,
+            task TEXT NOT NULL REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('input', 'choice', 'approval')),
+            text TEXT NOT NULL,
+            options TEXT NOT NULL DEFAULT '[]',
+            multi_select INTEGER NOT NULL DEFAULT 0,
+            status TEXT NOT NULL DEFAULT 'pending'
+                CHECK (status IN ('pending', 'answered', 'expired', 'cancelled')),
+            answer TEXT,
+            choices TEXT NOT NULL DEFAULT '[]',
+            approved INTEGER,
+            comment TEXT,
+            answered_by TEXT,
+            asked_at TEXT NOT NULL,
+            answered_at TEXT,
+            expires_at TEXT NOT NULL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX questions_pending ON questions (task) WHERE status = 'pending'",
+        "CREATE INDEX questions_asked ON questions (asked_at)",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

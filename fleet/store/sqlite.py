@@ -27,15 +27,21 @@ from fleet import ids
 from fleet.errors import Conflict, InputError, NotFound, StoreError
 from fleet.model import (
     ATTEMPT_FIELDS,
+    QUESTION_FIELDS,
     TASK_FIELDS,
     Attempt,
     AttemptEnd,
+    Field,
+    Question,
+    QuestionKind,
+    QuestionStatus,
     Status,
     Task,
     TaskEdit,
     TaskSpec,
 )
 from fleet.paths import Paths, ensure_dir
+from fleet.questions import not_pending
 from fleet.store.base import BadSpec, Count, TaskFilter
 from fleet.store.schema import APPLICATION_ID, MIGRATIONS, VERSION
 from fleet.timeutil import iso, now_iso
@@ -64,6 +70,21 @@ def _task_json_sql(t: str = "t") -> str:
 
 
 TASK_JSON = _task_json_sql()
+
+
+def _question_json_sql() -> str:
+    def expr(f: Field) -> str:
+        if f.kind == "list":
+            return f"json(q.{f.name})"
+        if f.kind == "bool":
+            as_json = f"json(CASE q.{f.name} WHEN 0 THEN 'false' ELSE 'true' END)"
+            return f"CASE WHEN q.{f.name} IS NULL THEN NULL ELSE {as_json} END"
+        return f"q.{f.name}"
+
+    return "json_object(" + ", ".join(f"'{f.name}', {expr(f)}" for f in QUESTION_FIELDS) + ")"
+
+
+QUESTION_JSON = _question_json_sql()
 READY_WHERE = (
     "t.status = 'ready' AND NOT EXISTS (SELECT 1 FROM deps d JOIN tasks u ON u.id = d.after"
     " WHERE d.task = t.id AND u.status != 'done')"
@@ -728,4 +749,151 @@ class SQLiteStore:
                     row[0],
                 ),
             )
+            # The agent that asked is gone: nobody is left to receive an answer.
+            self._end_pending(db, "task = ?", (task_id,), QuestionStatus.CANCELLED, now)
             return self._fetch(db, task_id)
+
+    # -- questions ---------------------------------------------------------------------------
+
+    def ask(
+        self,
+        task_id: str,
+        kind: QuestionKind,
+        text: str,
+        options: Sequence[str],
+        multi_select: bool,
+        expires_at: str,
+    ) -> Question:
+        now = now_iso()
+        with self._write() as db:
+            task = self._fetch(db, task_id)
+            if task.status != Status.RUNNING:
+                raise Conflict(
+                    f"{task_id} is {task.status}: only a running task's agent can ask",
+                    hint="questions come from an agent through fleet-ask",
+                )
+            for _ in range(16):
+                qid = ids.new_question_id()
+                try:
+                    db.execute(
+                        "INSERT INTO questions (id, task, attempt, kind, text, options,"
+                        " multi_select, asked_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            qid,
+                            task_id,
+                            task.attempts,
+                            kind.value,
+                            text,
+                            json.dumps(list(options)),
+                            int(multi_select),
+                            now,
+                            expires_at,
+                        ),
+                    )
+                    break
+                except sqlite3.IntegrityError:
+                    continue
+            else:
+                raise StoreError("could not draw an unused question id")
+            db.execute("UPDATE tasks SET question = ? WHERE id = ?", (qid, task_id))
+            return self._question(db, qid)
+
+    def _question(self, db: sqlite3.Connection, qid: str) -> Question:
+        row = db.execute(f"SELECT {QUESTION_JSON} FROM questions q WHERE q.id = ?", (qid,))
+        found = row.fetchone()
+        if found is None:
+            raise NotFound(f"no question {qid}", hint="`fleet questions --all` lists them all")
+        return Question.from_json(json.loads(found[0]))
+
+    def question(self, qid: str) -> Question:
+        with self._read() as db:
+            return self._question(db, qid)
+
+    def resolve_question(self, ref: str) -> str:
+        ref = ref.strip().lower()
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id FROM questions WHERE id >= ? AND id < ? ORDER BY id LIMIT 2",
+                (ref, ref + "\uffff"),
+            ).fetchall()
+        if not rows:
+            raise NotFound(f"no question {ref}", hint="`fleet questions --all` lists them all")
+        if len(rows) > 1 and rows[0][0] != ref:
+            raise InputError(f"{ref} names more than one question", hint="give more of the id")
+        return str(rows[0][0])
+
+    def questions(self, task_id: str | None = None, pending: bool = True) -> list[Question]:
+        where, args = [], []
+        if pending:
+            where.append("q.status = 'pending'")
+        if task_id is not None:
+            where.append("q.task = ?")
+            args.append(task_id)
+        sql = f"SELECT {QUESTION_JSON} FROM questions q"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._read() as db:
+            rows = db.execute(sql + " ORDER BY q.asked_at, q.id", args).fetchall()
+        return [Question.from_json(json.loads(r[0])) for r in rows]
+
+    def answer(
+        self,
+        qid: str,
+        by: str,
+        answer: str,
+        choices: Sequence[str] = (),
+        approved: bool | None = None,
+        comment: str | None = None,
+    ) -> Question:
+        now = now_iso()
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE questions SET status = 'answered', answer = ?, choices = ?,"
+                " approved = ?, comment = ?, answered_by = ?, answered_at = ?"
+                " WHERE id = ? AND status = 'pending' RETURNING task",
+                (
+                    answer,
+                    json.dumps(list(choices)),
+                    None if approved is None else int(approved),
+                    comment,
+                    by,
+                    now,
+                    qid,
+                ),
+            ).fetchone()
+            if row is None:
+                raise not_pending(self._question(db, qid))
+            self._point_at_pending(db, row[0])
+            return self._question(db, qid)
+
+    def end_question(self, qid: str, status: QuestionStatus) -> Question | None:
+        """Expire or cancel a pending question; None if it was no longer pending."""
+        with self._write() as db:
+            ended = self._end_pending(db, "id = ?", (qid,), status, now_iso())
+            return self._question(db, qid) if ended else None
+
+    def _end_pending(
+        self,
+        db: sqlite3.Connection,
+        where: str,
+        args: tuple[Any, ...],
+        status: QuestionStatus,
+        now: str,
+    ) -> bool:
+        tasks = db.execute(
+            f"UPDATE questions SET status = ?, answered_at = ? WHERE {where}"
+            " AND status = 'pending' RETURNING task",
+            (status.value, now, *args),
+        ).fetchall()
+        for task_id in {t for (t,) in tasks}:
+            self._point_at_pending(db, task_id)
+        return bool(tasks)
+
+    @staticmethod
+    def _point_at_pending(db: sqlite3.Connection, task_id: str) -> None:
+        """Keep tasks.question on the newest question still pending (an agent may ask two)."""
+        db.execute(
+            "UPDATE tasks SET question = (SELECT q.id FROM questions q WHERE q.task = ?1"
+            " AND q.status = 'pending' ORDER BY q.asked_at DESC, q.id LIMIT 1) WHERE id = ?1",
+            (task_id,),
+        )

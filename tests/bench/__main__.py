@@ -1,9 +1,9 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
-Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, units, stream;
-default: all, in that order; units and stream boot a systemd sandbox and need root). `--quick`
-uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing about the
-targets.
+Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, units, stream,
+answer; default: all, in that order; units and stream boot a systemd sandbox and need root).
+`--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
+about the targets.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from time import perf_counter
 
 from tests.bench import (
     bench_add_batch,
+    bench_answer,
     bench_claim,
     bench_cli_startup,
     bench_ls_json,
@@ -32,6 +33,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_claim.NAME: bench_claim.main,
     bench_units.NAME: bench_units.main,
     bench_stream.NAME: bench_stream.main,
+    bench_answer.NAME: bench_answer.main,
 }
 
 

@@ -18,6 +18,13 @@ Scenarios:
 * ``context``: a first answer whose usage says the context is nearly full (`HUGE_INPUT` input
   tokens) and that starts a long shell command, so the runner has a live agent to stop.
 * ``hang``: a shell command that runs for 300 s (`HANG_COMMAND`).
+* ``ask``: call fleet's MCP tool `ask_human` (`ASK_TOOL`) with the choice question `ASK_INPUT`;
+  once the request carries that call's result, call `task_done` (`DONE_TOOL`) with the summary
+  `answer: <the result's text>` (see `done_summary`), so the task's reason shows what the model
+  received; then answer with text. Claude Code defers MCP tools (the request names them, the
+  `tools` list has only `ToolSearch`), so first, as a real model must, load both with
+  `ToolSearch` (`SEARCH_INPUT`) unless `tools` already defines them. The step follows from the
+  tool calls the history holds.
 
 The long commands sleep in Python: Claude Code 2.1.332 refuses a Bash command that is a plain
 `sleep N` or starts with one ("Blocked: standalone sleep 300").
@@ -46,6 +53,15 @@ CLOSE_COMMAND = 'fleet close "$FLEET_TASK_ID" --reason done'
 CONTEXT_COMMAND = "python3 -c 'import time; time.sleep(299)'"
 HANG_COMMAND = "python3 -c 'import time; time.sleep(300)'"
 FINAL_TEXT = "Done. All good."
+ASK_TOOL = "mcp__fleet__ask_human"  # Claude Code names MCP tools mcp__<server>__<tool>
+DONE_TOOL = "mcp__fleet__task_done"
+SEARCH_TOOL = "ToolSearch"
+SEARCH_INPUT = {"query": f"select:{ASK_TOOL},{DONE_TOOL}"}
+ASK_INPUT = {
+    "question": "Which colour should the new button be?",
+    "kind": "choice",
+    "options": ["red", "green", "blue"],
+}
 
 
 def scenario(body: Any) -> tuple[str, str]:
@@ -57,6 +73,46 @@ def scenario(body: Any) -> tuple[str, str]:
 def turns(body: dict[str, Any]) -> int:
     messages = body.get("messages")
     return sum(1 for m in messages or [] if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+def blocks(body: dict[str, Any], role: str, kind: str) -> list[dict[str, Any]]:
+    """The content blocks of type `kind` in the history's `role` messages, in order."""
+    found = []
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and message.get("role") == role:
+            content = message.get("content")
+            for block in content if isinstance(content, list) else []:
+                if isinstance(block, dict) and block.get("type") == kind:
+                    found.append(block)
+    return found
+
+
+def called(body: dict[str, Any]) -> list[str]:
+    """The names of the tools the history's assistant turns called, in order."""
+    return [str(b.get("name")) for b in blocks(body, "assistant", "tool_use")]
+
+
+def tool_result_text(body: dict[str, Any], tool: str | None = None) -> str:
+    """The text of the history's last result of `tool` (of any tool if None); "" if none."""
+    ids = {b.get("id") for b in blocks(body, "assistant", "tool_use") if b.get("name") == tool}
+    for block in reversed(blocks(body, "user", "tool_result")):
+        if tool is None or block.get("tool_use_id") in ids:
+            inner = block.get("content")
+            if isinstance(inner, str):
+                return inner
+            parts = inner if isinstance(inner, list) else []
+            return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+    return ""
+
+
+def defines(body: dict[str, Any], tool: str) -> bool:
+    """Whether the request's `tools` holds `tool` with its schema."""
+    return any(isinstance(t, dict) and t.get("name") == tool for t in body.get("tools") or [])
+
+
+def done_summary(result: str) -> str:
+    """The `task_done` summary the `ask` scenario sends after `ask_human` returned `result`."""
+    return f"answer: {result}"
 
 
 def unified(status: str, reset: float, utilization: float) -> dict[str, str]:
@@ -114,6 +170,8 @@ class AnthropicHandler(Handler):
             self.answer(body, [bash(CONTEXT_COMMAND)], input_tokens=HUGE_INPUT)
         elif name == "hang":
             self.answer(body, [bash(HANG_COMMAND)] if step == 0 else [text_block(FINAL_TEXT)])
+        elif name == "ask":
+            self.answer(body, [ask_step(body)])
         else:
             self.answer(body, [text_block(f"no scenario marker: {name or 'none'}")])
 
@@ -173,13 +231,30 @@ def text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-def bash(command: str) -> dict[str, Any]:
+def ask_step(body: dict[str, Any]) -> dict[str, Any]:
+    """The next block of the `ask` scenario, from the calls the history holds."""
+    done = called(body)
+    if ASK_TOOL not in done:
+        if SEARCH_TOOL in done or defines(body, ASK_TOOL) or not defines(body, SEARCH_TOOL):
+            return tool_use(ASK_TOOL, ASK_INPUT)
+        return tool_use(SEARCH_TOOL, SEARCH_INPUT)
+    if DONE_TOOL not in done:
+        summary = done_summary(tool_result_text(body, ASK_TOOL))
+        return tool_use(DONE_TOOL, {"summary": summary})
+    return text_block(FINAL_TEXT)
+
+
+def tool_use(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "tool_use",
         "id": f"toolu_{time.monotonic_ns()}",
-        "name": "Bash",
-        "input": {"command": command, "description": "run a command"},
+        "name": name,
+        "input": arguments,
     }
+
+
+def bash(command: str) -> dict[str, Any]:
+    return tool_use("Bash", {"command": command, "description": "run a command"})
 
 
 def block_events(index: int, block: dict[str, Any]) -> list[tuple[str | None, Any]]:

@@ -12,6 +12,11 @@ server finds in any user text part of the request:
 * `huge`: a text answer whose usage says the prompt was `HUGE_PROMPT` tokens;
 * `hang`: a `run_shell_command` call running `sleep HANG_SECONDS` (then a text answer, if the
   tool ever returns);
+* `ask`: a call of fleet's MCP tool `ask_human` (the declared function named
+  `<prefix>ask_human`: the CLI names MCP tools `mcp_<server>_<tool>`) with the multiple-choice
+  question `ASK_ARGS`; once the request holds its response, a `run_shell_command` call of
+  `close_command(<the response's text>)`, which closes the task with the reason `answer: …`;
+  then a text answer. Without such a function, a text answer naming the declared ones;
 * anything else: a text answer.
 
 Every model answer reports usage: `promptTokenCount` PROMPT + STEP_GROWTH per tool result so far
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +49,12 @@ OUT_FILE = "fleet_out.txt"
 WRITE_COMMAND = f"echo written by the scripted gemini > {OUT_FILE}"
 CLOSE_COMMAND = 'fleet close "$FLEET_TASK_ID" --reason done'
 FINAL_TEXT = "All done: the file is written and the task is closed."
+ASK_ARGS = {
+    "question": "Which checks should run before the release?",
+    "kind": "choice",
+    "options": ["unit tests", "lint", "benchmarks"],
+    "multi_select": True,
+}
 
 
 @dataclass
@@ -89,6 +101,37 @@ def tool_results(body: Any) -> int:
         for part in content.get("parts") or []
         if isinstance(part, dict) and "functionResponse" in part
     )
+
+
+def declared(body: Any) -> list[str]:
+    """The names of the functions the request declares."""
+    tools = body.get("tools") if isinstance(body, dict) else None
+    return [
+        str(f.get("name"))
+        for tool in tools or []
+        if isinstance(tool, dict)
+        for f in tool.get("functionDeclarations") or []
+        if isinstance(f, dict)
+    ]
+
+
+def last_response(body: Any) -> str:
+    """The text of the history's last function response: its `output`, else its JSON."""
+    responses = [
+        part["functionResponse"]
+        for content in _contents(body)
+        for part in content.get("parts") or []
+        if isinstance(part, dict) and isinstance(part.get("functionResponse"), dict)
+    ]
+    response = responses[-1].get("response") if responses else None
+    if isinstance(response, dict) and isinstance(response.get("output"), str):
+        return str(response["output"])
+    return json.dumps(response)
+
+
+def close_command(result: str) -> str:
+    """The shell command of the `ask` scenario's second step, after ask_human gave `result`."""
+    return f'fleet close "$FLEET_TASK_ID" --reason {shlex.quote(f"answer: {result}")}'
 
 
 def _contents(body: Any) -> list[dict[str, Any]]:
@@ -173,6 +216,14 @@ class GeminiHandler(Handler):
             parts = [shell_call(CLOSE_COMMAND, "close the task")]
         elif scenario == "hang" and step == 0:
             parts = [shell_call(f"sleep {HANG_SECONDS}", "wait a long time")]
+        elif scenario == "ask" and step == 0:
+            tools = [n for n in declared(body) if n.endswith("ask_human")]
+            if tools:
+                parts = [{"functionCall": {"name": tools[0], "args": ASK_ARGS}}]
+            else:
+                parts = [{"text": f"no ask_human among {declared(body)}"}]
+        elif scenario == "ask" and step == 1:
+            parts = [shell_call(close_command(last_response(body)), "close the task")]
         elif scenario == "huge":
             prompt = HUGE_PROMPT
             parts = [{"text": "That was a lot of context."}]

@@ -11,6 +11,11 @@ description in the prompt): `FLEET_SCENARIO=<name>`.
 * `ratelimit-first`: 429 like `ratelimit` while the prompt says "(attempt 1)", then `shell`.
 * `huge`: every answer calls `bash` and reports HUGE_PROMPT prompt tokens, near a 200k window.
 * `hang`: calls `bash` with `sleep HANG_SECONDS` (a command `pgrep` can find), once.
+* `ask`: calls fleet's MCP tool `ask_human` (whichever offered tool is named `<server>_ask_human`:
+  OpenCode names MCP tools `<server>_<tool>`) with the free-text question `ASK_ARGS`; once the
+  conversation holds its result, calls `bash` with `close_command(result)`, which closes the
+  task with the reason `answer: <the result's text>`; then answers with text. Without such a
+  tool it answers with a text naming the tools it was offered.
 
 Requests without tools (OpenCode's title generator) get a short plain answer. Every answer
 reports usage (PROMPT prompt tokens of which CACHED cached, OUTPUT completion tokens) so the
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from itertools import count
 from typing import Any
@@ -38,6 +44,7 @@ SHELL_COMMANDS = (
     "echo written by the fake model > fleet_out.txt",
     'fleet close "$FLEET_TASK_ID" --reason done',
 )
+ASK_ARGS = {"question": "What should the greeting in hello.txt say?", "kind": "input"}
 RATE_LIMIT_BODY = {
     "error": {
         "message": "fake 429 from scripted server",
@@ -77,6 +84,30 @@ def tool_results(body: Any) -> int:
     return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "tool")
 
 
+def last_tool_result(body: Any) -> str:
+    """The text of the conversation's last tool result ("" if none)."""
+    messages = body.get("messages", []) if isinstance(body, dict) else []
+    results = [m for m in messages if isinstance(m, dict) and m.get("role") == "tool"]
+    content = results[-1].get("content") if results else ""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def offered_tool(body: Any, suffix: str) -> str | None:
+    """The name of the offered tool that ends with `suffix`, if there is one."""
+    for tool in body.get("tools") or [] if isinstance(body, dict) else []:
+        name = tool.get("function", {}).get("name", "") if isinstance(tool, dict) else ""
+        if isinstance(name, str) and name.endswith(suffix):
+            return name
+    return None
+
+
+def close_command(result: str) -> str:
+    """The shell command of the `ask` scenario's second step, after ask_human gave `result`."""
+    return f'fleet close "$FLEET_TASK_ID" --reason {shlex.quote(f"answer: {result}")}'
+
+
 def usage(prompt: int = PROMPT, cached: int = CACHED, output: int = OUTPUT) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
@@ -107,14 +138,17 @@ def text_answer(text: str, use: dict[str, Any]) -> list[tuple[str | None, Any]]:
 
 
 def tool_answer(command: str, use: dict[str, Any]) -> list[tuple[str | None, Any]]:
+    return call_answer("bash", {"command": command, "description": "run a command"}, use)
+
+
+def call_answer(
+    name: str, arguments: dict[str, Any], use: dict[str, Any]
+) -> list[tuple[str | None, Any]]:
     call = {
         "index": 0,
         "id": f"call_{next(_ids)}",
         "type": "function",
-        "function": {
-            "name": "bash",
-            "arguments": json.dumps({"command": command, "description": "run a command"}),
-        },
+        "function": {"name": name, "arguments": json.dumps(arguments)},
     }
     return [
         (None, chunk({"role": "assistant", "content": None, "tool_calls": [call]})),
@@ -162,5 +196,14 @@ class ChatHandler(Handler):
             self.send_sse(tool_answer("echo a big context", usage(HUGE_PROMPT, 0)))
         elif name == "hang" and step == 0:
             self.send_sse(tool_answer(f"sleep {HANG_SECONDS}", usage()))
+        elif name == "ask" and step == 0:
+            tool = offered_tool(body, "_ask_human")
+            if tool is None:
+                names = [t.get("function", {}).get("name") for t in body["tools"]]
+                self.send_sse(text_answer(f"no ask_human tool among {names}", usage()))
+            else:
+                self.send_sse(call_answer(tool, ASK_ARGS, usage()))
+        elif name == "ask" and step == 1:
+            self.send_sse(tool_answer(close_command(last_tool_result(body)), usage()))
         else:
             self.send_sse(text_answer(FINAL_TEXT, usage()))

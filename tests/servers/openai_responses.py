@@ -17,6 +17,11 @@ by a marker in the prompt, `FLEET-SCENARIO:<name>` (put it in the task's descrip
 * `hang-N`: a shell call running `sleep N` in a shell deaf to SIGHUP (so the hangup of its
   terminal does not end it when codex dies); every later request is held open, unanswered,
   until the server stops.
+* `ask`: a call of fleet's MCP tool `ask_human` with the approval question `ASK_ARGS` (codex
+  offers an MCP server's tools as one namespace tool, `mcp__<server>`, and the model names both:
+  `"namespace": "mcp__fleet", "name": "ask_human"`); once codex sends that call's output, a
+  call of `task_done` with the summary `answer: <the output>` (`done_summary`); then a text
+  answer. Without the namespace among the request's tools, a text answer naming the tools.
 
 Every answer reports usage (`USAGE`, or the huge one) and rate-limit headers (`WINDOWS`), so
 token totals and rate-limit gauges are checkable. A request without tools is codex compacting
@@ -44,6 +49,8 @@ RESET_IN = 3.0
 WINDOWS = {"primary": (42.0, 300), "secondary": (10.0, 10080)}  # used %, window minutes
 WRITE_FILE = "echo hello from codex > fleet_out.txt"
 CLOSE = 'fleet close "$FLEET_TASK_ID" --reason done'
+NAMESPACE = "mcp__fleet"
+ASK_ARGS = {"question": "May I delete the old build cache (2 GB)?", "kind": "approval"}
 
 
 @dataclass
@@ -76,7 +83,29 @@ def scenario(body: Any) -> tuple[str, int]:
 def outputs(body: dict[str, Any]) -> list[str]:
     """The tool outputs codex sent back, in order."""
     items = body.get("input", [])
-    return [str(i.get("output", "")) for i in items if i.get("type") == "function_call_output"]
+    return [_text(i.get("output", "")) for i in items if i.get("type") == "function_call_output"]
+
+
+def _text(output: Any) -> str:
+    """An output as text: a string, or a list of content parts (codex sends an MCP tool's text
+    result as its "Wall time: ...\nOutput:" frame and the text, as two input_text parts)."""
+    if isinstance(output, list):
+        return "\n".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
+    return str(output)
+
+
+def done_summary(output: str) -> str:
+    """The `task_done` summary of the `ask` scenario after `ask_human` returned `output`."""
+    return f"answer: {output}"
+
+
+def namespaces(body: dict[str, Any]) -> dict[str, list[str]]:
+    """The namespace tools of the request: name -> the names of its functions."""
+    return {
+        str(t.get("name")): [str(f.get("name")) for f in t.get("tools") or []]
+        for t in body.get("tools") or []
+        if isinstance(t, dict) and t.get("type") == "namespace"
+    }
 
 
 def usage(input_tokens: int | None = None) -> dict[str, Any]:
@@ -145,6 +174,16 @@ class ResponsesHandler(Handler):
                 self.call(body, f"trap '' HUP; sleep {number or 300}; echo slept")
             else:
                 self.state.stop.wait(600)  # the agent waits on us until it is stopped
+        elif name == "ask":
+            if "ask_human" not in namespaces(body).get(NAMESPACE, []):
+                offered = [t.get("name") for t in body["tools"] if isinstance(t, dict)]
+                self.answer(body, f"No {NAMESPACE} ask_human among the tools: {offered}")
+            elif not done:
+                self.call(body, "", tool=("ask_human", ASK_ARGS))
+            elif len(done) == 1:
+                self.call(body, "", tool=("task_done", {"summary": done_summary(done[0])}))
+            else:
+                self.answer(body, f"Done, as the person answered. {done[-1]}")
         else:
             self.answer(body, "Nothing to do (no FLEET-SCENARIO marker).")
 
@@ -164,9 +203,17 @@ class ResponsesHandler(Handler):
             error = {"type": "rate_limit_error", "message": "Rate limit reached (scripted)"}
         self.send_json(429, {"error": error}, headers)
 
-    def call(self, body: dict[str, Any], command: str, used: dict[str, Any] | None = None) -> None:
+    def call(
+        self,
+        body: dict[str, Any],
+        command: str,
+        used: dict[str, Any] | None = None,
+        tool: tuple[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """A shell call running `command`, or with `tool` (name, arguments) a call of that
+        tool of fleet's MCP server."""
         n = self.state.next_id()
-        item = {
+        item: dict[str, Any] = {
             "type": "function_call",
             "id": f"fc_{n}",
             "call_id": f"call_{n}",
@@ -174,6 +221,8 @@ class ResponsesHandler(Handler):
             "arguments": json.dumps({"cmd": command}),
             "status": "completed",
         }
+        if tool is not None:
+            item.update(namespace=NAMESPACE, name=tool[0], arguments=json.dumps(tool[1]))
         self.respond(body, item, used or usage())
 
     def answer(self, body: dict[str, Any], text: str, used: dict[str, Any] | None = None) -> None:

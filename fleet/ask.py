@@ -1,0 +1,363 @@
+"""fleet-ask: the agent's tools for one task, served as an MCP server on stdin and stdout.
+
+The coder starts it with FLEET_TASK_ID (and FLEET_HOME) in its environment. Invariants:
+- a question this process asks never stays pending once its call has returned: it was answered
+  by a person, expired at its deadline, or cancelled (the agent dropped the call); and when the
+  attempt ends, `Store.finish` cancels whatever is still pending;
+- waiting costs no CPU and no polling: the call sleeps on inotify for the task directory's
+  `.question` sentinel, which `fleet answer` touches after its commit, and on one timer for the
+  progress notifications that keep the MCP call alive and for the deadline;
+- every change of a question is touched on the same sentinel, so fleet-run's status line follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Literal
+
+# Imported here, not in server(): the SDK reads the tools' (string) annotations in this
+# module's namespace to build their schemas and to find the Context parameter.
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from fleet import questions, taskdir
+from fleet.errors import FleetError, InputError
+from fleet.events import MSG_ANSWER, MSG_QUESTION
+from fleet.journal import Journal, Value
+from fleet.model import Question, QuestionStatus, Status
+from fleet.paths import Paths, ensure_dir, resolve
+from fleet.redact import Redactor
+from fleet.store import Store, open_store
+from fleet.timeutil import iso
+
+PROGRESS_EVERY = 15.0  # OpenCode's default tool timeout is 60 s; each notification resets it
+
+INSTRUCTIONS = """\
+These tools connect you to the person who gave you this task, and to fleet, the queue that runs
+it. Ask with ask_human only when you cannot reasonably decide yourself (a real ambiguity, a
+risky or irreversible step, missing access); the task waits, and a person is notified. When
+the work is finished call task_done; when you cannot go on without a person call task_blocked.
+"""
+
+ASK = """\
+Ask the person responsible for this task a question, and wait for the answer (possibly hours).
+
+Use it only when you cannot reasonably decide yourself: requirements that contradict each
+other, a destructive or irreversible action (deleting data, force-pushing, migrations), money,
+credentials you do not have, or a choice between approaches that the person clearly cares
+about. Do not ask for permission to do what the task already asks of you.
+
+A good question stands on its own, because the person may read it hours later without your
+context: say what you are doing, what exactly you need decided, and what you would do by
+default. Kinds:
+- "input": a free-text answer.
+- "choice": the person picks from `options` (2 to 26 short, distinct strings); with
+  multi_select true they may pick several.
+- "approval": the person approves or denies what you describe, maybe with a comment.
+
+The result says what the person answered. If no answer arrives in time the question expires
+and the result says so: then go on with the most cautious choice, or call task_blocked.
+"""
+
+NOTIFY = """\
+Tell the person something without waiting for a reply: a milestone, a finding they should
+know now, or a heads-up about something that will need them later. Do not use it for questions
+(use ask_human) or for a final summary (use task_done).
+"""
+
+DONE = """\
+Mark this task as done, with a short summary of what you did and how you checked it. Call it
+once, when the work is complete and verified; then end your turn. Equivalent to running
+`fleet close $FLEET_TASK_ID --reason SUMMARY` in the shell.
+"""
+
+BLOCKED = """\
+Mark this task as blocked: you cannot finish it without a person (missing access, a decision
+nobody answered, a failure outside your control). Give the reason a person needs in order to
+unblock it; then end your turn. Equivalent to `fleet block $FLEET_TASK_ID --reason REASON`.
+"""
+
+
+def in_task_unit() -> bool:
+    """Whether this process runs inside a fleet-task@ unit (journald then files our entries
+    under that unit, whatever environment the coder passed on to us)."""
+    try:
+        return "/fleet-task@" in Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return False
+
+
+class Asker:
+    """The task's side of the tools: its store, its directory, its journal."""
+
+    def __init__(self, paths: Paths, task_id: str) -> None:
+        from fleet.config import load_or_last_good
+
+        self.paths = paths
+        self.config = load_or_last_good(paths)
+        self.store: Store = open_store(paths)
+        self.task_id = self.store.resolve(task_id)
+        self.directory = taskdir.task_dir(paths, self.task_id)
+        ensure_dir(self.directory)
+        self.journal = Journal() if in_task_unit() else None
+        self.redact = Redactor()
+        self.asked: set[str] = set()
+        self._changed = asyncio.Event()
+        self._inotify: object = None
+
+    # -- the sentinel and the journal --------------------------------------------------------
+
+    def touch(self) -> None:
+        questions.ring(self.directory)
+
+    def log(self, message_id: str, text: str, q: Question, **fields: Value) -> None:
+        text = self.redact(text)
+        if self.journal is None:
+            import sys
+
+            sys.stderr.write(f"fleet-ask: {text}\n")
+            return
+        with contextlib.suppress(OSError):
+            self.journal.send(
+                {
+                    "MESSAGE": text,
+                    "MESSAGE_ID": message_id,
+                    "PRIORITY": 5,
+                    "SYSLOG_IDENTIFIER": "fleet-ask",
+                    "FLEET_TASK_ID": self.task_id,
+                    "FLEET_ATTEMPT": q.attempt,
+                    "FLEET_EVENT": "question",
+                    "FLEET_QUESTION": q.id,
+                    "FLEET_QUESTION_STATUS": str(q.status),
+                    **fields,
+                }
+            )
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    def _watch(self) -> asyncio.Event:
+        """The event that the next change of the sentinel sets (watching starts on first use).
+
+        Taken before the question is read, so a change between the read and the wait is
+        never lost: the event is then already set.
+        """
+        if self._inotify is None:
+            from inotify_simple import INotify
+            from inotify_simple import flags as iflags
+
+            inotify = INotify()
+            mask = iflags.CREATE | iflags.ATTRIB | iflags.CLOSE_WRITE | iflags.MOVED_TO
+            inotify.add_watch(self.directory, mask)
+
+            def readable() -> None:
+                if any(e.name == questions.SENTINEL for e in inotify.read(timeout=0)):
+                    self._changed.set()
+                    self._changed = asyncio.Event()
+
+            asyncio.get_running_loop().add_reader(inotify.fileno(), readable)
+            self._inotify = inotify
+        return self._changed
+
+    async def wait(self, q: Question, ctx: Context | None) -> Question:
+        """Block until `q` is no longer pending; expire it at its deadline."""
+        from fleet.timeutil import parse
+
+        deadline = parse(q.expires_at)
+        # At least four notifications per timeout, so a short one is seen to keep the call alive.
+        every = min(PROGRESS_EVERY, max(0.25, (deadline - parse(q.asked_at)) / 4))
+        started = time.monotonic()
+        while True:
+            changed = self._watch()
+            current = self.store.question(q.id)
+            if current.status != QuestionStatus.PENDING:
+                return current
+            left = deadline - time.time()
+            if left <= 0:
+                ended = self.store.end_question(q.id, QuestionStatus.EXPIRED)
+                if ended is not None:
+                    self.touch()
+                    return ended
+                continue  # answered at the last moment
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(left, every))
+            if ctx is not None and not changed.is_set():
+                waited = time.monotonic() - started
+                with contextlib.suppress(Exception):  # a client without progress support
+                    await ctx.report_progress(waited, None, f"waiting for a person ({q.id})")
+
+    async def ask(
+        self,
+        text: str,
+        kind: str,
+        options: list[str] | None,
+        multi_select: bool,
+        ctx: Context | None,
+    ) -> str:
+        qkind, text, opts = questions.check_question(kind, text, options, multi_select)
+        timeout = self.config.get_int("question_timeout_seconds")
+        expires = iso(time.time() + timeout)
+        q = self.store.ask(self.task_id, qkind, text, opts, multi_select, expires)
+        self.asked.add(q.id)
+        self.touch()
+        self.log(
+            MSG_QUESTION,
+            f"question {q.id} ({q.kind}): {questions.for_person(q)}",
+            q,
+            FLEET_QUESTION_KIND=str(q.kind),
+        )
+        self.alert(q)
+        try:
+            done = await self.wait(q, ctx)
+        except BaseException:
+            # The agent dropped the call (notifications/cancelled) or we are going away.
+            with contextlib.suppress(FleetError):
+                if self.store.end_question(q.id, QuestionStatus.CANCELLED) is not None:
+                    self.touch()
+                    self.log(MSG_ANSWER, f"question {q.id} cancelled", self.store.question(q.id))
+            raise
+        finally:
+            self.asked.discard(q.id)
+        if done.status == QuestionStatus.ANSWERED:
+            self.log(
+                MSG_ANSWER,
+                f"answer to {q.id} by {done.answered_by}: {done.answer}"
+                + (f" ({done.comment})" if done.comment else ""),
+                done,
+            )
+        else:
+            self.log(MSG_ANSWER, f"question {q.id} {done.status}", done)
+        return questions.for_agent(done, timeout)
+
+    def alert(self, q: Question) -> None:
+        from fleet import alerts
+
+        task = self.store.get(self.task_id)
+        alerts.fire(
+            self.paths,
+            self.config,
+            "question",
+            f"{task.id} asks: {questions.for_person(q)}",
+            task=task,
+            question=q.id,
+            kind=str(q.kind),
+            options=list(q.options),
+            hint=f"fleet answer {q.id} ...",
+        )
+
+    def notify(self, message: str) -> str:
+        from fleet import alerts
+
+        message = message.strip()
+        if not message:
+            raise InputError("the message is empty")
+        task = self.store.get(self.task_id)
+        if self.journal is not None:
+            with contextlib.suppress(OSError):
+                self.journal.send(
+                    {
+                        "MESSAGE": self.redact(f"notice: {message}"),
+                        "PRIORITY": 5,
+                        "SYSLOG_IDENTIFIER": "fleet-ask",
+                        "FLEET_TASK_ID": self.task_id,
+                        "FLEET_ATTEMPT": task.attempts,
+                        "FLEET_EVENT": "notice",
+                    }
+                )
+        alerts.fire(self.paths, self.config, "notice", f"{task.id}: {message}", task=task)
+        return "Sent. Carry on; this does not wait for a reply."
+
+    def close(self, summary: str) -> str:
+        task = self.store.close_task(self.task_id, summary.strip() or None)
+        return f"{task.id} is now done. End your turn with a short final message."
+
+    def block(self, reason: str) -> str:
+        reason = reason.strip()
+        if not reason:
+            raise InputError("give the reason a person needs in order to unblock the task")
+        task = self.store.block(self.task_id, reason)
+        assert task.status == Status.BLOCKED
+        return f"{task.id} is now blocked; a person will look at it. End your turn now."
+
+    def cancel_mine(self) -> None:
+        """At exit: questions of calls still open are cancelled, never left pending."""
+        for qid in list(self.asked):
+            with contextlib.suppress(FleetError):
+                self.store.end_question(qid, QuestionStatus.CANCELLED)
+        if self.asked:
+            self.touch()
+
+
+def server(asker: Asker) -> MCPServer:
+    app = MCPServer("fleet", instructions=INSTRUCTIONS)
+
+    def failed(e: FleetError) -> ToolError:
+        return ToolError(e.message + (f" ({e.hint})" if e.hint else ""))
+
+    @app.tool(description=ASK, structured_output=False)
+    async def ask_human(
+        question: Annotated[str, Field(description="The question, complete on its own.")],
+        ctx: Context,
+        kind: Annotated[
+            Literal["input", "choice", "approval"],
+            Field(description="input (free text), choice (pick from options) or approval."),
+        ] = "input",
+        options: Annotated[
+            list[str] | None, Field(description="The options of a choice question.")
+        ] = None,
+        multi_select: Annotated[
+            bool, Field(description="Whether a choice question takes several options.")
+        ] = False,
+    ) -> str:
+        try:
+            return await asker.ask(question, kind, options, multi_select, ctx)
+        except FleetError as e:
+            raise failed(e) from None
+
+    @app.tool(description=NOTIFY, structured_output=False)
+    def notify_human(
+        message: Annotated[str, Field(description="What the person should know.")],
+    ) -> str:
+        try:
+            return asker.notify(message)
+        except FleetError as e:
+            raise failed(e) from None
+
+    @app.tool(description=DONE, structured_output=False)
+    def task_done(
+        summary: Annotated[str, Field(description="What was done and how it was checked.")],
+    ) -> str:
+        try:
+            return asker.close(summary)
+        except FleetError as e:
+            raise failed(e) from None
+
+    @app.tool(description=BLOCKED, structured_output=False)
+    def task_blocked(
+        reason: Annotated[str, Field(description="What a person must do to unblock it.")],
+    ) -> str:
+        try:
+            return asker.block(reason)
+        except FleetError as e:
+            raise failed(e) from None
+
+    return app
+
+
+def serve() -> None:
+    task_id = os.environ.get("FLEET_TASK_ID", "")
+    if not task_id:
+        raise InputError(
+            "FLEET_TASK_ID is not set",
+            hint="fleet-ask is started by a coder that fleet-run configured, with the task's id",
+        )
+    asker = Asker(resolve(), task_id)
+    try:
+        server(asker).run("stdio")
+    finally:
+        asker.cancel_mine()
+        asker.store.close()
