@@ -32,15 +32,28 @@ def field_name(name: str) -> str:
 
 
 def encode(fields: Mapping[str, Value]) -> bytes:
-    parts: list[bytes] = []
+    # Most fields are one-line text: they are joined as one string and encoded once, which is
+    # several times cheaper per entry than encoding field by field. Field order means nothing
+    # to journald, so multi-line and binary fields (length-prefixed) simply follow.
+    text: list[str] = []
+    binary: list[bytes] = []
     for key, value in fields.items():
-        data = value if isinstance(value, bytes) else str(value).encode("utf-8", "replace")
-        name = key.encode("ascii")
-        if b"\n" in data:
-            parts.append(name + b"\n" + struct.pack("<Q", len(data)) + data + b"\n")
+        if isinstance(value, str):
+            if "\n" not in value:
+                text.append(f"{key}={value}\n")
+                continue
+            data = value.encode("utf-8", "replace")
+        elif isinstance(value, bytes):
+            data = value
+            if b"\n" not in data:
+                binary.append(key.encode("ascii") + b"=" + data + b"\n")
+                continue
         else:
-            parts.append(name + b"=" + data + b"\n")
-    return b"".join(parts)
+            text.append(f"{key}={value}\n")
+            continue
+        binary.append(key.encode("ascii") + b"\n" + struct.pack("<Q", len(data)) + data + b"\n")
+    head = "".join(text).encode("utf-8", "replace")
+    return head + b"".join(binary) if binary else head
 
 
 def under_journald() -> bool:
