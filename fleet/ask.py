@@ -31,7 +31,7 @@ from fleet.events import MSG_ANSWER, MSG_QUESTION
 from fleet.journal import Journal, Value
 from fleet.model import Question, QuestionStatus, Status
 from fleet.paths import Paths, ensure_dir, resolve
-from fleet.redact import Redactor
+from fleet.redact import Redactor, secret_values
 from fleet.store import Store, open_store
 from fleet.timeutil import iso
 
@@ -105,7 +105,8 @@ class Asker:
         self.directory = taskdir.task_dir(paths, self.task_id)
         ensure_dir(self.directory)
         self.journal = Journal() if in_task_unit() else None
-        self.redact = Redactor()
+        # What the agent writes may quote a secret it saw: redact before storing or showing it.
+        self.redact = Redactor(secret_values(os.environ, self.config.values["secret_variables"]))
         self.asked: set[str] = set()
         self._changed = asyncio.Event()
         self._inotify: object = None
@@ -199,6 +200,7 @@ class Asker:
         ctx: Context | None,
     ) -> str:
         qkind, text, opts = questions.check_question(kind, text, options, multi_select)
+        text, opts = self.redact(text), tuple(self.redact(o) for o in opts)
         timeout = self.config.get_int("question_timeout_seconds")
         expires = iso(time.time() + timeout)
         q = self.store.ask(self.task_id, qkind, text, opts, multi_select, expires)

@@ -466,3 +466,34 @@ def test_stopping_a_waiting_task_cancels_its_question(units: UnitFleet) -> None:
     late = fleet("answer", q["id"], "yes", check=False)
     assert late.returncode == 4 and "cancelled" in late.stderr
     assert "asking" not in fleet("ls", "--all").stdout
+
+
+def test_answer_completes_the_questions_waiting(fleet: Fleet) -> None:
+    from fleet.model import QuestionKind
+    from tests.test_docs import bash_complete
+
+    task_id = running(fleet)
+    store = open_store(resolve())
+    try:
+        q = store.ask(task_id, QuestionKind.INPUT, "Which?", (), False, "2999-01-01T00:00:00Z")
+    finally:
+        store.close()
+    assert bash_complete("fleet", "answer", "q-") == [q.id]
+    assert bash_complete("fleet", "answer", task_id[:5]) == [task_id]
+    answer(q.id, "this one")
+    assert bash_complete("fleet", "answer", "q-") == []
+
+
+def test_a_secret_in_a_question_is_redacted_before_it_is_stored(fleet: Fleet) -> None:
+    task_id = running(fleet)
+    key = "sk-ant-api03-" + "x" * 40
+
+    async def scenario() -> None:
+        async with agent(task_id) as session:
+            call = asyncio.ensure_future(ask(session, question=f"Is {key} the right key?"))
+            (q,) = await asked(task_id)
+            assert key not in json.dumps(q) and "[REDACTED]" in q["text"]
+            await person("answer", q["id"], "no")
+            await asyncio.wait_for(call, DEADLINE)
+
+    asyncio.run(scenario())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,6 +18,44 @@ from fleet.cli.app import App, cli, pass_app
 from fleet.errors import Conflict, InputError, TimedOut
 from fleet.model import Question, Reply
 from fleet.output import emit_object, emit_objects, emit_table, fmt_of, output_options, shorten
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
+
+
+class QuestionRef(click.ParamType[str]):
+    """A question id (or prefix), or a task id; completes the questions waiting now."""
+
+    name = "ID"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        return str(value)
+
+    def shell_complete(
+        self, ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem
+
+        from fleet import questions
+        from fleet.errors import FleetError
+        from fleet.paths import resolve
+        from fleet.store import open_store
+
+        try:
+            store = open_store(resolve())
+            try:
+                waiting = store.questions()
+            finally:
+                store.close()
+        except FleetError:
+            return []
+        typed = incomplete.strip().lower()
+        return [
+            CompletionItem(ref, help=shorten(questions.for_person(q), 60))
+            for q in waiting
+            for ref in (q.id, q.task)
+            if ref.startswith(typed)
+        ]
 
 
 def _table(qs: Sequence[Question], everything: bool) -> None:
@@ -128,7 +167,7 @@ def _answerer() -> str:
 
 
 @cli.command("answer")
-@click.argument("ref", metavar="ID")
+@click.argument("ref", metavar="ID", type=QuestionRef())
 @click.argument("text", required=False)
 @click.option(
     "-c",
