@@ -61,6 +61,15 @@ TASK_FIELDS: tuple[Field, ...] = (
     Field("tokens_out", "int", "output tokens of all attempts, or null"),
     Field("cost", "real", "cost of all attempts in US dollars where reported, or null"),
     Field("question", "text", "id of the agent's question waiting for an answer, or null"),
+    Field(
+        "isolation",
+        "text",
+        "none (the agent works in cwd) or worktree (in a git worktree of its own), fixed when"
+        " the task is added; null for a task added before fleet knew isolation, which means none",
+    ),
+    Field("base", "text", "with worktree isolation, the branch the task's branch starts from"),
+    Field("branch", "text", "the task's git branch (fleet/ID) once its worktree exists, or null"),
+    Field("worktree", "text", "absolute path of the task's git worktree once created, or null"),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -106,6 +115,15 @@ class Task:
     tokens_out: int | None
     cost: float | None
     question: str | None
+    isolation: str | None
+    base: str | None
+    branch: str | None
+    worktree: str | None
+
+    @property
+    def isolated(self) -> bool:
+        """Whether the agent works in a git worktree of its own."""
+        return self.isolation == "worktree"
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Task:
@@ -240,6 +258,8 @@ class TaskSpec:
     after: tuple[str, ...] = ()  # full ids, or `ref:NAME` for a task earlier in the same batch
     parent: str | None = None
     ref: str | None = None  # batch-local name other lines may depend on
+    isolation: str | None = None  # "none" or "worktree", resolved by `fleet add`
+    base: str | None = None  # with worktree isolation: the branch to start from
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,11 @@ class Paths:
         return self.home / "tasks"
 
     @property
+    def worktrees(self) -> Path:
+        """Where tasks with worktree isolation get their git worktrees, one per task id."""
+        return self.home / "worktrees"
+
+    @property
     def last_good_config(self) -> Path:
         return self.home / "config.last-good.toml"
 

@@ -16,11 +16,12 @@ import selectors
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet import coders, ids, outcome, questions, taskdir
+from fleet import coders, ids, outcome, questions, taskdir, worktree
 from fleet.coders.base import Coder, Event, Kind, RunSpec, Tally, Verdict
 from fleet.config import Config, load
 from fleet.errors import Conflict, FleetError, InputError
@@ -47,6 +48,9 @@ EXIT = {
     "context-pressure": 7,
 }
 PRESSURE = "context-pressure"
+# How far systemd's current timeout (start, stop) is pushed out while git prepares a worktree or
+# commits the work an agent left; every git call has its own timeout too.
+GIT_GRACE_USEC = 300_000_000
 # While a question waits, the unit's runtime limit is pushed this far ahead (renewed every third
 # of it); it is also the least time the agent has left once the answer arrives.
 EXTEND_WAIT = 300.0
@@ -374,6 +378,39 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     return proc.returncode
 
 
+def note(sink: Sink, text: str) -> None:
+    """A journal entry about the attempt's worktree (standard error when run by hand)."""
+    if sink.journal is None:
+        sys.stderr.write(f"fleet-run: {text}\n")
+        return
+    sink.journal.send(
+        {
+            "MESSAGE": text,
+            "PRIORITY": 5,
+            "SYSLOG_IDENTIFIER": "fleet-run",
+            "FLEET_TASK_ID": sink.ctx.task,
+            "FLEET_ATTEMPT": sink.ctx.attempt,
+            "FLEET_EVENT": "lifecycle",
+            "FLEET_CODER": sink.ctx.coder,
+        }
+    )
+
+
+def keep(sink: Sink, place: worktree.Place, message: str) -> None:
+    """Commit what the agent left uncommitted; a failure (a full disk) is an error event and
+    leaves the files where they are, for the next attempt or a person."""
+    try:
+        commit = worktree.commit_leftovers(place.worktree, message)
+    except (FleetError, OSError) as e:
+        text = e.message if isinstance(e, FleetError) else str(e)
+        sink.emit(
+            Event(Kind.ERROR, f"could not commit the work left in {place.worktree}: {text}"), None
+        )
+        return
+    if commit:
+        note(sink, f"committed the uncommitted work as {commit} on {place.branch}")
+
+
 def attempt(task_id: str) -> int:
     paths = resolve()
     config = load(paths)
@@ -442,15 +479,36 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     except FleetError as e:
         notifier.ready("not started")
         return finish("error", e.message, None, Tally())
+    place: worktree.Place | None = None
+    if task.isolated:
+        # git may take a while on a large repository: keep systemd's start timeout at bay.
+        notifier.send(
+            status="preparing the worktree", watchdog=1, extend_timeout_usec=GIT_GRACE_USEC
+        )
+        try:
+            place = worktree.ensure(task.id, task.cwd, task.base or "", paths.worktrees)
+            task = store.set_worktree(task.id, me, place.branch, str(place.worktree))
+        except FleetError as e:
+            notifier.ready("not started")
+            return finish("error", f"no worktree: {e.message}", None, Tally())
+        how = "created" if place.created else "reused"
+        note(sink, f"worktree {place.worktree} {how}, on branch {place.branch}")
+        # A runner killed before it could commit (SIGKILL, a crash) left its agent's work here.
+        keep(
+            sink, place, f"fleet: work left uncommitted before attempt {task.attempts} of {task.id}"
+        )
+    workdir = str(place.workdir) if place else task.cwd
     history = store.attempts(task.id)
     previous = history[-2].outcome if len(history) > 1 else None
-    prompt = taskdir.compose_prompt(task, artifacts, previous, paths.config_file.parent)
+    prompt = taskdir.compose_prompt(
+        task, artifacts, previous, paths.config_file.parent, workdir=workdir
+    )
     spec = RunSpec(
         task.id,
         task.attempts,
         task.title,
         task.description,
-        task.cwd,
+        workdir,
         task.model,
         directory,
         artifacts,
@@ -473,7 +531,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         coder.prepare(spec)
         proc = subprocess.Popen(
             argv,
-            cwd=task.cwd,
+            cwd=workdir,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             env=env,
@@ -496,11 +554,15 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     )
     sink.lifecycle(
         MSG_STARTED,
-        f"attempt {task.attempts} started: {coder_name} in {task.cwd} (pid {proc.pid})",
+        f"attempt {task.attempts} started: {coder_name} in {workdir} (pid {proc.pid})",
         {"FLEET_PID": proc.pid},
     )
     notifier.ready(run.status_line())
     rc = loop(run, proc, directory)
+    if place is not None:
+        # Also while stopping: the commit may take longer than what is left of TimeoutStopSec=.
+        notifier.send(watchdog=1, extend_timeout_usec=GIT_GRACE_USEC)
+        keep(sink, place, f"fleet: work in progress of {task.id}, attempt {task.attempts}")
     if run.stopped_by == PRESSURE:
         verdict = Verdict.CONTEXT_PRESSURE
     else:

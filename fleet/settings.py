@@ -30,6 +30,7 @@ class Setting:
     help: str
     minimum: int | None = None
     maximum: int | None = None
+    choices: tuple[str, ...] = ()  # for a str: the only values allowed
 
     @property
     def env_var(self) -> str:
@@ -63,6 +64,10 @@ class Setting:
                 raise ConfigError(f"{where}: {self.name} must be at least {self.minimum}")
             if self.maximum is not None and value > self.maximum:
                 raise ConfigError(f"{where}: {self.name} must be at most {self.maximum}")
+        if self.choices and value not in self.choices:
+            raise ConfigError(
+                f"{where}: {self.name} must be one of {', '.join(self.choices)}, not {value!r}"
+            )
         return value
 
     def parse(self, text: str, where: str) -> Any:
@@ -109,6 +114,15 @@ SETTINGS: tuple[Setting, ...] = (
         "str",
         "",
         "Model for tasks that name none; empty means the coder's own default.",
+    ),
+    Setting(
+        "isolation",
+        "str",
+        "none",
+        "Where the agent of a task added without --isolation works: none (in the task's"
+        " directory) or worktree (in a git worktree of its own under the state directory, on"
+        " branch fleet/ID, which is left for you to merge).",
+        choices=("none", "worktree"),
     ),
     Setting(
         "retry_limit",

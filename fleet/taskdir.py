@@ -39,7 +39,7 @@ DEFAULT_PROMPT = """# $title
 $description
 ---
 You are working on fleet task $task_id (attempt $attempt) in $cwd.
-$previous
+$isolation$previous
 Keep your plan and progress in $artifact_dir/PLAN_AND_STATUS.md and what you learn in
 $artifact_dir/KNOWLEDGE.md; read them first, a previous attempt may have left them.
 When the task is done, run: $fleet close $task_id --reason "<what you did>"
@@ -56,14 +56,29 @@ PREVIOUS = {
 TEMPLATE = "prompt.md"  # in the configuration directory, overrides DEFAULT_PROMPT
 
 
+ISOLATION = (
+    "This directory is in a git worktree of your own, on branch $branch (from $base); other"
+    " agents work in other worktrees. Commit your work on this branch as you go (git add, git"
+    " commit) and before you close the task; do not switch branches. Whatever you leave"
+    " uncommitted is committed for you when the attempt ends.\n"
+)
+
+
 def compose_prompt(
-    task: Task, artifacts: Path, previous: str | None = None, config_dir: Path | None = None
+    task: Task,
+    artifacts: Path,
+    previous: str | None = None,
+    config_dir: Path | None = None,
+    workdir: str | None = None,
 ) -> str:
     """The prompt from `prompt.md` in the configuration directory, or the default template.
 
-    Placeholders: $task_id $title $description $cwd $artifact_dir $attempt $previous
-    (what happened to the previous attempt, when the agent should know) and $fleet, the
-    absolute path of the `fleet` command (a login shell may reset the agent's PATH).
+    Placeholders: $task_id $title $description $cwd (where the agent works: `workdir` when
+    given, else the task's directory) $artifact_dir $attempt $previous (what happened to the
+    previous attempt, when the agent should know), $isolation (for a task with worktree
+    isolation, its branch and that it must commit there; appended to a template without it)
+    and $fleet, the absolute path of the `fleet` command (a login shell may reset the agent's
+    PATH).
     """
     from string import Template
 
@@ -71,11 +86,19 @@ def compose_prompt(
     if config_dir is not None:
         with contextlib.suppress(OSError):
             text = (config_dir / TEMPLATE).read_text(encoding="utf-8")
+    isolation = ""
+    if task.isolated:
+        branch = task.branch or f"fleet/{task.id}"
+        isolation = Template(ISOLATION).substitute(branch=branch, base=task.base or "?")
+        if "$isolation" not in text and "${isolation}" not in text:
+            text = text.rstrip("\n") + "\n\n" + isolation
+            isolation = ""
     return Template(text).safe_substitute(
         task_id=task.id,
         title=task.title,
         description=task.description.rstrip() + "\n" if task.description.strip() else "",
-        cwd=task.cwd,
+        cwd=workdir or task.cwd,
+        isolation=isolation,
         artifact_dir=str(artifacts),
         attempt=task.attempts,
         previous=PREVIOUS.get(previous or "", ""),

@@ -24,6 +24,8 @@ BATCH_KEYS = (
     "after",
     "parent",
     "ref",
+    "isolation",
+    "base",
 )
 
 
@@ -50,6 +52,18 @@ BATCH_KEYS = (
 @click.option("--label", "labels", multiple=True, metavar="LABEL", help="Attach a label.")
 @click.option("--parent", type=TASK, help="Record this task as a subtask of another.")
 @click.option(
+    "--isolation",
+    type=click.Choice(["none", "worktree"]),
+    help="none: the agent works in --cwd; worktree: in a git worktree of its own, on branch"
+    " fleet/ID [default: the isolation setting].",
+)
+@click.option(
+    "--base",
+    metavar="BRANCH",
+    help="With worktree isolation, the local branch fleet/ID starts from [default: the"
+    " current branch].",
+)
+@click.option(
     "--batch",
     metavar="FILE|-",
     help="Add many tasks from a file of JSON lines (keys as the options; `ref` names a task"
@@ -68,6 +82,8 @@ def add(
     after: tuple[str, ...],
     labels: tuple[str, ...],
     parent: str | None,
+    isolation: str | None,
+    base: str | None,
     batch: str | None,
     fmt: str | None,
 ) -> None:
@@ -84,21 +100,30 @@ def add(
         if title is not None:
             raise InputError("give either a TITLE or --batch, not both")
         source = "standard input" if batch == "-" else batch
+        if isolation is not None or base is not None:
+            raise InputError(
+                "--isolation and --base do not apply to --batch",
+                hint="give the keys isolation and base on the batch's lines",
+            )
         specs, lines = read_batch(app, batch, inputs.cwd(cwd) if cwd else None)
     else:
         if title is None:
             raise InputError("missing TITLE", hint='fleet add "what to do" --cwd DIR')
+        directory = inputs.cwd(cwd)
+        isolation, base = isolate(app, directory, isolation, base, "--base")
         specs = [
             TaskSpec(
                 title=inputs.title(title),
                 description=inputs.description(description),
-                cwd=inputs.cwd(cwd),
+                cwd=directory,
                 coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
                 model=inputs.name("model", model) if model else None,
                 priority=priority,
                 labels=tuple(dict.fromkeys(inputs.label(x) for x in labels)),
                 after=tuple(dict.fromkeys(after)),
                 parent=parent,
+                isolation=isolation,
+                base=base,
             )
         ]
     try:
@@ -117,6 +142,24 @@ def add(
         emit_object(tasks[0].to_json())
     else:
         emit_objects((t.to_json() for t in tasks), out)
+
+
+def isolate(
+    app: App, cwd: str, isolation: str | None, base: str | None, base_name: str
+) -> tuple[str, str | None]:
+    """The task's isolation (given, or the configuration's default, fixed now) and its base
+    branch, checked against the repository now rather than at run time."""
+    isolation = isolation or app.config.get_str("isolation")
+    if isolation != "worktree":
+        if base is not None:
+            raise InputError(
+                f"{base_name} only applies with worktree isolation",
+                hint="add --isolation worktree, or set isolation=worktree",
+            )
+        return isolation, None
+    from fleet import inputs, worktree
+
+    return isolation, worktree.check_add(cwd, inputs.name("base", base) if base else None)
 
 
 def read_batch(app: App, source: str, default_cwd: str | None) -> tuple[list[TaskSpec], list[int]]:
@@ -151,9 +194,10 @@ def read_batch(app: App, source: str, default_cwd: str | None) -> tuple[list[Tas
     default_cwd = default_cwd or inputs.cwd(None)
     cwds: dict[str, str] = {}  # a batch names few directories: check each once
     specs: list[TaskSpec] = []
+    checked: dict[tuple[str, str | None, str | None], tuple[str, str | None]] = {}
     for number, obj in objs:
         try:
-            specs.append(_spec(app, obj, refs, default_cwd, cwds))
+            specs.append(_spec(app, obj, refs, default_cwd, cwds, checked))
         except FleetError as e:
             # Keep the error's class, and with it the exit status (no task: 3, config: 5).
             raise type(e)(f"{name} line {number}: {e.message}", e.hint) from None
@@ -166,6 +210,7 @@ def _spec(
     refs: set[str],
     default_cwd: str,
     cwds: dict[str, str],
+    checked: dict[tuple[str, str | None, str | None], tuple[str, str | None]],
 ) -> TaskSpec:
     from fleet import inputs
 
@@ -204,10 +249,18 @@ def _spec(
     cwd = text("cwd")
     if cwd is not None and cwd not in cwds:
         cwds[cwd] = inputs.cwd(cwd)
+    isolation = text("isolation")
+    if isolation is not None and isolation not in ("none", "worktree"):
+        raise InputError(f"isolation must be none or worktree, not {isolation!r}")
+    directory = cwds[cwd] if cwd is not None else default_cwd
+    key = (directory, isolation, text("base"))
+    if key not in checked:  # a batch names few repositories: ask git once for each
+        checked[key] = isolate(app, directory, isolation, text("base"), "base")
+    isolation, base = checked[key]
     return TaskSpec(
         title=inputs.title(title),
         description=inputs.free_text("description", text("description") or ""),
-        cwd=cwds[cwd] if cwd is not None else default_cwd,
+        cwd=directory,
         coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
         model=inputs.name("model", model) if model else None,
         priority=priority,
@@ -215,4 +268,6 @@ def _spec(
         after=tuple(dict.fromkeys(task_ref(x) for x in texts("after"))),
         parent=task_ref(parent) if parent else None,
         ref=inputs.name("ref", ref) if ref else None,
+        isolation=isolation,
+        base=base,
     )

@@ -135,6 +135,25 @@ def ready(app: App, limit: int | None, fmt: str | None) -> None:
         emit_objects((t.to_json() for t in tasks), out)
 
 
+def _isolation_rows(task: Task) -> list[tuple[str, object]]:
+    """base, branch, worktree and commits ahead (asked of git now) of a worktree task."""
+    if not task.isolated:
+        return []
+    ahead = None
+    if task.branch and task.base:
+        from fleet import worktree
+
+        ahead = worktree.commits_ahead(task.worktree or task.cwd, task.base, task.branch)
+        if ahead is None and task.worktree:  # the worktree was deleted: ask the repository
+            ahead = worktree.commits_ahead(task.cwd, task.base, task.branch)
+    return [
+        ("base", task.base or "-"),
+        ("branch", task.branch or "(created by the first attempt)"),
+        ("worktree", task.worktree or "-"),
+        ("commits ahead", "-" if ahead is None else f"{ahead} (of {task.base})"),
+    ]
+
+
 @cli.command()
 @click.argument("task_id", metavar="ID", type=TASK)
 @click.option("--json", "as_json", is_flag=True, help="Print the task and its attempts as JSON.")
@@ -170,6 +189,8 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("labels", opt(", ".join(task.labels))),
             ("after", opt(", ".join(task.after))),
             ("parent", opt(task.parent)),
+            ("isolation", task.isolation or "none"),
+            *_isolation_rows(task),
             ("attempts", f"{task.attempts} (failures {task.failures}, no-close {task.noclose})"),
             ("tokens", tokens(task) + ("" if task.cost is None else f", ${task.cost:.4f}")),
             ("question", opt(task.question and f"{task.question} (fleet questions)")),

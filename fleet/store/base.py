@@ -142,6 +142,11 @@ class Store(Protocol):
 
     def renew(self, task_id: str, owner: str, lease_s: float) -> bool: ...
 
+    def set_worktree(self, task_id: str, owner: str, branch: str, worktree: str) -> Task:
+        """Record the branch and worktree of a worktree task, by the runner holding its claim;
+        the branch, once recorded, never changes (Conflict otherwise)."""
+        ...
+
     def release(self, task_id: str, owner: str, end: AttemptEnd) -> Task:
         """End the attempt and put the task back to ready without counting anything."""
         ...

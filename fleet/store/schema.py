@@ -105,6 +105,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX questions_pending ON questions (task) WHERE status = 'pending'",
         "CREATE INDEX questions_asked ON questions (asked_at)",
     ),
+    (
+        # Isolation (none or worktree, set by `fleet add`; null on older rows means none), the
+        # base branch, and the branch and worktree once the first attempt has created them.
+        "ALTER TABLE tasks ADD COLUMN isolation TEXT",
+        "ALTER TABLE tasks ADD COLUMN base TEXT",
+        "ALTER TABLE tasks ADD COLUMN branch TEXT",
+        "ALTER TABLE tasks ADD COLUMN worktree TEXT",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

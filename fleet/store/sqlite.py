@@ -372,7 +372,8 @@ class SQLiteStore:
             try:
                 db.execute(
                     "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
-                    " labels, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " labels, created_at, updated_at, isolation, base)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         task_id,
                         spec.title,
@@ -384,6 +385,8 @@ class SQLiteStore:
                         json.dumps(list(spec.labels)),
                         now,
                         now,
+                        spec.isolation,
+                        spec.base,
                     ),
                 )
             except sqlite3.IntegrityError as e:
@@ -400,6 +403,11 @@ class SQLiteStore:
                 raise Conflict(
                     f"{task_id} has an attempt running; its cwd, coder and model are frozen",
                     hint="stop it first, or change them after it ends",
+                )
+            if change.cwd is not None and cur.branch is not None and change.cwd != cur.cwd:
+                raise Conflict(
+                    f"{task_id} works on branch {cur.branch} of its repository; its cwd stays",
+                    hint="add a new task for the other directory",
                 )
             sets: dict[str, Any] = {}
             for name in ("title", "description", "cwd", "coder", "model", "priority"):
@@ -608,6 +616,23 @@ class SQLiteStore:
             (task_id, row[0], owner, now),
         )
         return task_id
+
+    def set_worktree(self, task_id: str, owner: str, branch: str, worktree: str) -> Task:
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE tasks SET branch = ?, worktree = ?, updated_at = ? WHERE id = ?"
+                " AND claimed_by = ? AND isolation = 'worktree'"
+                " AND (branch IS NULL OR branch = ?) RETURNING id",
+                (branch, worktree, now_iso(), task_id, owner, branch),
+            ).fetchone()
+            if row is None:
+                cur = self._fetch(db, task_id)
+                raise Conflict(
+                    f"cannot record the worktree of {task_id}: it is claimed by"
+                    f" {cur.claimed_by or 'nobody'}, isolation {cur.isolation or 'none'},"
+                    f" branch {cur.branch or 'none'}"
+                )
+            return self._fetch(db, task_id)
 
     def claims(self, owner: str | None = None) -> list[Task]:
         sql = f"SELECT {TASK_JSON} FROM tasks t WHERE t.claimed_by IS NOT NULL"

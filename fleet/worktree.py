@@ -1,0 +1,158 @@
+"""Worktree isolation: each task's agent works in a git worktree of its own, on branch fleet/ID.
+
+Invariants:
+- the agent's work is never dropped: whatever it leaves uncommitted is committed to its branch
+  as a WIP commit when the attempt ends (however it ends), and nothing here ever deletes a
+  branch, a commit or a worktree's files;
+- the user's own checkout is never touched: the worktree lives under `$FLEET_HOME/worktrees/ID`
+  and only `git worktree add` / `prune` write to the repository's administrative files;
+- the first attempt creates branch fleet/ID from the current head of the task's base branch;
+  later attempts reuse the worktree, or re-create it from the branch if it was deleted by hand;
+- every git call goes through fleet.proc.run, and every failure is a FleetError with git's own
+  last line, so that a caller can end the attempt with a clear reason.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet.errors import FleetError, InputError
+from fleet.proc import run
+
+ISOLATIONS = ("none", "worktree")
+GIT_TIMEOUT = 120.0  # a `git add -A` of a large tree takes a while
+
+
+def branch_of(task_id: str) -> str:
+    return f"fleet/{task_id}"
+
+
+def _git(repo: str | Path, *args: str) -> str:
+    """git's standard output; FleetError with git's own last line of stderr if it fails."""
+    result = run(["git", "-C", str(repo), *args], check=False, timeout=GIT_TIMEOUT)
+    if result.returncode == 0:
+        return result.stdout.strip()
+    verb = next(a for a in args if not a.startswith("-") and "=" not in a)
+    last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+    raise FleetError(f"git {verb} failed: {last}")
+
+
+def _ok(repo: str | Path, *args: str) -> bool:
+    return run(["git", "-C", str(repo), *args], check=False, timeout=GIT_TIMEOUT).returncode == 0
+
+
+def toplevel(cwd: str) -> str | None:
+    """The top directory of the git work tree holding `cwd`, or None if it is in none."""
+    result = run(["git", "-C", cwd, "rev-parse", "--show-toplevel"], check=False)
+    top = result.stdout.strip()
+    return top if result.returncode == 0 and top else None
+
+
+def has_branch(repo: str | Path, name: str) -> bool:
+    return _ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{name}^{{commit}}")
+
+
+def check_add(cwd: str, base: str | None) -> str:
+    """For `fleet add` with worktree isolation: the base branch (given, or the repository's
+    current branch), after checking that `cwd` is in a git work tree; InputError otherwise."""
+    top = toplevel(cwd)
+    if top is None:
+        raise InputError(
+            f"{cwd} is not in a git repository, which worktree isolation needs",
+            hint="give --isolation none, or --cwd a directory inside a git work tree",
+        )
+    if base is None:
+        result = run(["git", "-C", cwd, "symbolic-ref", "--quiet", "--short", "HEAD"], check=False)
+        base = result.stdout.strip()
+        if result.returncode != 0 or not base:
+            raise InputError(
+                f"{top} has a detached HEAD: there is no current branch to start from",
+                hint="name the branch the task starts from with --base BRANCH",
+            )
+    if not _ok(cwd, "check-ref-format", "--branch", base) or not has_branch(cwd, base):
+        raise InputError(
+            f"{base!r} is not a local branch of {top}",
+            hint=f"`git -C {top} branch` lists them",
+        )
+    return base
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where an attempt of a worktree task runs."""
+
+    repo: str  # the top level of the user's work tree
+    worktree: Path
+    branch: str
+    workdir: Path  # the agent's cwd: the worktree plus the task's path inside the repository
+    created: bool  # whether this call created the worktree (first attempt, or re-created)
+
+
+def ensure(task_id: str, cwd: str, base: str, root: Path) -> Place:
+    """The task's worktree under `root`, created or re-created as needed (FleetError if not)."""
+    repo = toplevel(cwd)
+    if repo is None:
+        raise FleetError(f"{cwd} is no longer in a git repository")
+    branch = branch_of(task_id)
+    path = root / task_id
+    inside = os.path.relpath(os.path.realpath(cwd), os.path.realpath(repo))
+    created = False
+    if not _is_worktree(path):
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # A worktree deleted by hand is still registered: forget it before adding it again.
+        _ok(repo, "worktree", "prune")
+        if path.exists() and any(path.iterdir()):
+            raise FleetError(f"{path} exists and is not a git worktree; move it aside")
+        if has_branch(repo, branch):
+            _git(repo, "worktree", "add", str(path), branch)
+        elif not has_branch(repo, base):
+            raise FleetError(f"the base branch {base!r} no longer exists in {repo}")
+        else:
+            _git(repo, "worktree", "add", "-b", branch, str(path), base)
+        created = True
+    workdir = path if inside == "." else path / inside
+    workdir.mkdir(parents=True, exist_ok=True)
+    return Place(repo, path, branch, workdir, created)
+
+
+def _is_worktree(path: Path) -> bool:
+    if not (path / ".git").exists():
+        return False
+    top = run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], check=False)
+    return top.returncode == 0 and os.path.realpath(top.stdout.strip()) == os.path.realpath(path)
+
+
+def commit_leftovers(worktree: Path, message: str) -> str | None:
+    """Commit whatever the agent left uncommitted in `worktree`; the new commit's short hash,
+    or None if there was nothing to commit. FleetError (nothing lost) if git fails."""
+    if not _git(worktree, "status", "--porcelain"):
+        return None
+    _git(worktree, "add", "-A")
+    ident: list[str] = []
+    if not (_ok(worktree, "config", "user.name") and _ok(worktree, "config", "user.email")):
+        ident = ["-c", "user.name=fleet", "-c", f"user.email=fleet@{socket.gethostname()}"]
+    # Hooks and signing must not stand between the agent's work and its branch.
+    _git(
+        worktree,
+        *ident,
+        "-c",
+        "commit.gpgsign=false",
+        "commit",
+        "--no-verify",
+        "--quiet",
+        "-m",
+        message,
+    )
+    return _git(worktree, "rev-parse", "--short", "HEAD")
+
+
+def commits_ahead(repo: str, base: str, branch: str) -> int | None:
+    """How many commits `branch` has that `base` has not; None when git cannot tell."""
+    try:
+        count = _git(repo, "rev-list", "--count", f"refs/heads/{base}..refs/heads/{branch}")
+        return int(count)
+    except (FleetError, ValueError):
+        return None
