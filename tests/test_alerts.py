@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -588,9 +588,9 @@ def test_a_notify_send_failure_is_logged_and_the_others_still_run(
 
 
 def test_which_ends_of_an_attempt_notify(project: Path) -> None:
-    running = replace(a_task(project), status=Status.RUNNING)
-    blocked = replace(running, status=Status.BLOCKED)
-    ready = replace(running, status=Status.READY)
+    running = a_task(project)._replace(status=Status.RUNNING)
+    blocked = running._replace(status=Status.BLOCKED)
+    ready = running._replace(status=Status.READY)
     assert reap.alert_event(running, blocked, "failure") == "failed"
     assert reap.alert_event(running, blocked, "timeout") == "failed"
     assert reap.alert_event(running, blocked, "noclose") == "blocked"
@@ -598,7 +598,7 @@ def test_which_ends_of_an_attempt_notify(project: Path) -> None:
     assert reap.alert_event(running, ready, "failure") is None  # tried again
     assert reap.alert_event(blocked, blocked, "success") == "blocked"  # the agent blocked it
     assert reap.alert_event(blocked, blocked, "failure") == "blocked"
-    assert reap.alert_event(running, replace(running, status=Status.DONE), "success") is None
+    assert reap.alert_event(running, running._replace(status=Status.DONE), "success") is None
 
 
 def test_fleet_run_notifies_a_failure_for_good_and_an_agents_block(
