@@ -2,17 +2,20 @@
 
 The file is read with the standard library (fast, exact line numbers in errors) and edited with
 tomlkit (comments and layout kept). A file that parses and validates is copied to the state
-directory as the last good configuration, so a broken edit never loses the previous settings.
+directory as the last good configuration, so a broken edit never loses the previous settings,
+and its checked values are cached there beside the exact text they came from: a program whose
+file has not changed (every per-task program, most of the time) skips importing and running
+the TOML parser, and any change of the text is a miss.
 """
 
 from __future__ import annotations
 
+import json
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet.errors import ConfigError
 from fleet.fsutil import write_atomic
@@ -26,6 +29,12 @@ from fleet.settings import (
     lookup,
     template,
 )
+
+if TYPE_CHECKING:
+    import tomllib
+
+
+CACHE = "config.cache.json"  # in the state directory, beside config.last-good.toml
 
 
 @dataclass(frozen=True)
@@ -82,8 +91,10 @@ def _line_of(raw: str, key: str) -> int | None:
     return raw.count("\n", 0, m.start()) + 1 if m else None
 
 
-def read_file(path: Path) -> tuple[str, dict[str, Any]]:
-    """The file's text and its checked key -> value map (empty if the file does not exist)."""
+def read_file(path: Path, cache: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """The file's text and its checked key -> value map (empty if the file does not exist).
+
+    With `cache`, the values come from there when it holds them for exactly this text."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -95,11 +106,28 @@ def read_file(path: Path) -> tuple[str, dict[str, Any]]:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise ConfigError(f"{path}:{line}: not valid UTF-8", hint=_restore_hint(path)) from None
+    if cache is not None:
+        try:
+            cached = json.loads(cache.read_bytes())
+            if isinstance(cached, dict) and cached.get("text") == raw:
+                return raw, dict(cached["values"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # no cache yet, or a damaged one: parse
+    import tomllib
+
     try:
         doc = tomllib.loads(raw)
     except tomllib.TOMLDecodeError as e:
         raise _parse_error(path, e) from None
-    return raw, flatten(doc, path, raw)
+    values = flatten(doc, path, raw)
+    if cache is not None:
+        try:
+            ensure_dir(cache.parent)
+            data = json.dumps({"text": raw, "values": values}).encode()
+            write_atomic(cache, data, durable=False)
+        except OSError:
+            pass  # a read-only state directory: parse every time
+    return raw, values
 
 
 def flatten(doc: Mapping[str, Any], path: Path, raw: str) -> dict[str, Any]:
@@ -164,7 +192,8 @@ def load(
     import os
 
     env = os.environ if env is None else env
-    raw, from_file = read_file(source or paths.config_file)
+    cache = paths.home / CACHE if source is None else None
+    raw, from_file = read_file(source or paths.config_file, cache)
     if raw and source is None:
         _remember_good(paths, raw)
     values: dict[str, Any] = {s.name: s.default for s in SETTINGS}
@@ -248,6 +277,8 @@ def edit(paths: Paths, assignments: Sequence[str], unset: Sequence[str] = ()) ->
         if setting.name in container:
             del container[setting.name]
     text = tomlkit.dumps(doc)
+    import tomllib
+
     flatten(tomllib.loads(text), path, text)  # the result must validate as a whole
     ensure_dir(path.parent)
     write_atomic(path, text.encode("utf-8"))

@@ -6,7 +6,6 @@ commented default configuration; and fleet.toml(5). A key that is not here does 
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -87,6 +86,8 @@ class Setting:
                     f"{where}: {self.name} must be a whole number, not {text!r}"
                 ) from None
         else:
+            import tomllib
+
             try:
                 value = tomllib.loads(f"v = {text}")["v"]
             except tomllib.TOMLDecodeError:

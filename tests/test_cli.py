@@ -254,3 +254,22 @@ def test_fleet_ask_without_its_task_fails_at_once_and_says_why(
     first, *rest = proc.stderr.splitlines()
     assert first == f"fleet-ask: error: {error}"
     assert all(line.startswith("fleet-ask: hint: ") for line in rest)
+
+
+def test_the_parsed_configuration_cache_follows_every_edit(fleet: Fleet, home: Path) -> None:
+    from fleet.config import CACHE
+
+    fleet.ok("config", "set", "max_concurrent=3")
+    assert fleet.ok("config", "get", "max_concurrent").strip() == "3"
+    cache = home / CACHE
+    assert json.loads(cache.read_text())["values"] == {"max_concurrent": 3}
+    # A hand edit of the same length, within the same second: the text differs, so a miss.
+    config = home / "config.toml"
+    config.write_text(config.read_text().replace("max_concurrent = 3", "max_concurrent = 4"))
+    assert fleet.ok("config", "get", "max_concurrent").strip() == "4"
+    cache.write_text("{not json")  # a damaged cache is parsed around, then rewritten
+    assert fleet.ok("config", "get", "max_concurrent").strip() == "4"
+    assert json.loads(cache.read_text())["values"] == {"max_concurrent": 4}
+    # A cache that claims other values for another text is never believed.
+    cache.write_text(json.dumps({"text": "max_concurrent = 9\n", "values": {"max_concurrent": 9}}))
+    assert fleet.ok("config", "get", "max_concurrent").strip() == "4"
