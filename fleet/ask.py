@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -294,11 +295,17 @@ class Asker:
             self.touch()
 
 
+@contextlib.contextmanager
+def for_the_agent() -> Iterator[None]:
+    """A FleetError becomes the tool's error result, with its hint, for the model to read."""
+    try:
+        yield
+    except FleetError as e:
+        raise ToolError(e.message + (f" ({e.hint})" if e.hint else "")) from None
+
+
 def server(asker: Asker) -> MCPServer:
     app = MCPServer("fleet", instructions=INSTRUCTIONS)
-
-    def failed(e: FleetError) -> ToolError:
-        return ToolError(e.message + (f" ({e.hint})" if e.hint else ""))
 
     @app.tool(description=ASK, structured_output=False)
     async def ask_human(
@@ -315,37 +322,29 @@ def server(asker: Asker) -> MCPServer:
             bool, Field(description="Whether a choice question takes several options.")
         ] = False,
     ) -> str:
-        try:
+        with for_the_agent():
             return await asker.ask(question, kind, options, multi_select, ctx)
-        except FleetError as e:
-            raise failed(e) from None
 
     @app.tool(description=NOTIFY, structured_output=False)
     def notify_human(
         message: Annotated[str, Field(description="What the person should know.")],
     ) -> str:
-        try:
+        with for_the_agent():
             return asker.notify(message)
-        except FleetError as e:
-            raise failed(e) from None
 
     @app.tool(description=DONE, structured_output=False)
     def task_done(
         summary: Annotated[str, Field(description="What was done and how it was checked.")],
     ) -> str:
-        try:
+        with for_the_agent():
             return asker.close(summary)
-        except FleetError as e:
-            raise failed(e) from None
 
     @app.tool(description=BLOCKED, structured_output=False)
     def task_blocked(
         reason: Annotated[str, Field(description="What a person must do to unblock it.")],
     ) -> str:
-        try:
+        with for_the_agent():
             return asker.block(reason)
-        except FleetError as e:
-            raise failed(e) from None
 
     return app
 
