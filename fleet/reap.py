@@ -4,14 +4,17 @@ Run as the unit's ExecStopPost, it reads the runner's outcome file (only if it b
 invocation and attempt), systemd's $SERVICE_RESULT / $EXIT_CODE / $EXIT_STATUS and the cgroup's
 OOM counter. The classification is one of OUTCOMES; the policy maps it to the task's next
 state with the retry and no-close limits. A person's close, block or cancel during the attempt
-always stands. Then it wakes fleet-claim, since a slot is free, and when the task is left
-blocked (other than by a person's kill) it notifies a person through fleet.alerts.
+always stands. A runner that died without an outcome (SIGKILL) could not commit its agent's
+work in a task's worktree, so that is committed here first. Then it wakes fleet-claim, since a
+slot is free, and when the task is left blocked (other than by a person's kill) it notifies a
+person through fleet.alerts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +170,8 @@ def settle(
     if task.claimed_by != owner():
         return None
     kind, reason = classify(task, found, service)
+    if found is None and task.worktree:
+        keep_work(task, kind)
     if kind == "killed" and service is not None and shutting_down():
         # Not a person's decision: the machine or the session is going down. Run it again.
         store.release(task_id, owner(), AttemptEnd("interrupted", exit_status=None))
@@ -192,6 +197,22 @@ def settle(
     wake.poke(paths)
     alert(paths, config, task, after, kind)
     return kind
+
+
+def keep_work(task: Task, kind: str) -> None:
+    """The runner died before it could commit its agent's work (SIGKILL: out of memory, the
+    watchdog, a time limit): commit it now, so a blocked task does not sit on loose files."""
+    from fleet import worktree
+
+    message = f"fleet: work left when attempt {task.attempts} of {task.id} ended ({kind})"
+    try:
+        commit = worktree.commit_leftovers(Path(task.worktree or ""), message)
+        text = f"committed the work left in {task.worktree} as {commit}" if commit else ""
+    except (FleetError, OSError) as e:
+        why = e.message if isinstance(e, FleetError) else str(e)
+        text = f"could not commit the work left in {task.worktree}: {why}"
+    if text:  # under systemd, standard error is the unit's journal
+        sys.stderr.write(f"fleet-reap: {text}\n")
 
 
 def alert_event(before: Task, after: Task, kind: str) -> str | None:

@@ -367,3 +367,20 @@ def test_a_killed_agents_work_is_committed(units: UnitFleet) -> None:
     journal = units.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
     assert f"worktree {tree} created, on branch fleet/{task_id}" in journal
     assert "committed the uncommitted work as" in journal
+
+
+def test_a_runner_killed_outright_has_its_agents_work_committed_by_the_reaper(
+    units: UnitFleet,
+) -> None:
+    units.setup("retry_limit=1")
+    task_id = units.add("echo half done > half.txt; sleep 600")
+    tree = units.home / "worktrees" / task_id
+    units.box.wait_for(lambda: (tree / "half.txt").exists(), what="the agent wrote its file")
+    # SIGKILL to fleet-run itself (as the OOM killer or the watchdog would): it commits nothing.
+    units.box.systemctl("kill", "--kill-who=main", "-s", "KILL", f"fleet-task@{task_id}")
+    assert units.wait(task_id) == 1
+    assert git(units.project, "show", f"fleet/{task_id}:half.txt") == "half done"
+    (subject, *_) = subjects(units.project, f"fleet/{task_id}")
+    assert subject.startswith(f"fleet: work left when attempt 1 of {task_id} ended (")
+    journal = units.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
+    assert f"fleet-reap: committed the work left in {tree} as " in journal
