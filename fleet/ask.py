@@ -118,6 +118,18 @@ class Asker:
         questions.ring(self.directory)
 
     def log(self, message_id: str, text: str, q: Question, **fields: Value) -> None:
+        """A journal entry about question `q` (standard error off systemd)."""
+        self._entry(
+            text,
+            q.attempt,
+            MESSAGE_ID=message_id,
+            FLEET_EVENT="question",
+            FLEET_QUESTION=q.id,
+            FLEET_QUESTION_STATUS=str(q.status),
+            **fields,
+        )
+
+    def _entry(self, text: str, attempt: int, **fields: Value) -> None:
         text = self.redact(text)
         if self.journal is None:
             import sys
@@ -128,14 +140,10 @@ class Asker:
             self.journal.send(
                 {
                     "MESSAGE": text,
-                    "MESSAGE_ID": message_id,
                     "PRIORITY": 5,
                     "SYSLOG_IDENTIFIER": "fleet-ask",
                     "FLEET_TASK_ID": self.task_id,
-                    "FLEET_ATTEMPT": q.attempt,
-                    "FLEET_EVENT": "question",
-                    "FLEET_QUESTION": q.id,
-                    "FLEET_QUESTION_STATUS": str(q.status),
+                    "FLEET_ATTEMPT": attempt,
                     **fields,
                 }
             )
@@ -259,18 +267,7 @@ class Asker:
         if not message:
             raise InputError("the message is empty")
         task = self.store.get(self.task_id)
-        if self.journal is not None:
-            with contextlib.suppress(OSError):
-                self.journal.send(
-                    {
-                        "MESSAGE": self.redact(f"notice: {message}"),
-                        "PRIORITY": 5,
-                        "SYSLOG_IDENTIFIER": "fleet-ask",
-                        "FLEET_TASK_ID": self.task_id,
-                        "FLEET_ATTEMPT": task.attempts,
-                        "FLEET_EVENT": "notice",
-                    }
-                )
+        self._entry(f"notice: {message}", task.attempts, FLEET_EVENT="notice")
         alerts.fire(self.paths, self.config, "notice", f"{task.id}: {message}", task=task)
         return "Sent. Carry on; this does not wait for a reply."
 

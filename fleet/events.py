@@ -115,15 +115,16 @@ class Sink:
             fields["FLEET_RAW"] = raw
         self.journal.send(fields)
 
-    def lifecycle(self, message_id: str, text: str, extra: Mapping[str, Value] = {}) -> None:
-        """An entry about the attempt itself (started, ended), explained by the catalog."""
+    def lifecycle(self, message_id: str | None, text: str, extra: Mapping[str, Value] = {}) -> None:
+        """An entry about the attempt itself (started, ended: explained by the catalog under
+        their MESSAGE_ID; a note such as the worktree used has none)."""
         if self.journal is None:
             sys.stderr.write(f"fleet-run: {text}\n")
             return
         self.journal.send(
             {
                 "MESSAGE": text,
-                "MESSAGE_ID": message_id,
+                **({"MESSAGE_ID": message_id} if message_id else {}),
                 "PRIORITY": 5,
                 "SYSLOG_IDENTIFIER": "fleet-run",
                 "FLEET_TASK_ID": self.ctx.task,

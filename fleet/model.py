@@ -35,6 +35,29 @@ class Field(NamedTuple):
     doc: str
 
 
+def _values(fields: tuple[Field, ...], obj: dict[str, Any]) -> dict[str, Any]:
+    """A record's constructor arguments from its JSON object (lists become tuples)."""
+    values = {f.name: obj[f.name] for f in fields}
+    for f in fields:
+        value = values[f.name]
+        if f.kind == "list":
+            values[f.name] = tuple(value)
+        elif f.kind == "bool" and value is not None:
+            values[f.name] = bool(value)
+    return values
+
+
+def _json(fields: tuple[Field, ...], record: tuple[Any, ...]) -> dict[str, Any]:
+    """A record as its JSON object (tuples become lists, enums their values)."""
+    out: dict[str, Any] = {}
+    for f in fields:
+        value = getattr(record, f.name)
+        out[f.name] = list(value) if f.kind == "list" else value
+        if isinstance(value, enum.Enum):
+            out[f.name] = value.value
+    return out
+
+
 TASK_FIELDS: tuple[Field, ...] = (
     Field("id", "text", "task id, `fl-` and six base32 characters"),
     Field("title", "text", "one-line title"),
@@ -127,20 +150,12 @@ class Task(NamedTuple):
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Task:
-        values = {f.name: obj[f.name] for f in TASK_FIELDS}
+        values = _values(TASK_FIELDS, obj)
         values["status"] = Status(values["status"])
-        for f in TASK_FIELDS:
-            if f.kind == "list":
-                values[f.name] = tuple(values[f.name])
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in TASK_FIELDS:
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if f.kind == "list" else value
-        out["status"] = str(self.status)
-        return out
+        return _json(TASK_FIELDS, self)
 
 
 class Attempt(NamedTuple):
@@ -213,23 +228,13 @@ class Question(NamedTuple):
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Question:
-        values = {f.name: obj[f.name] for f in QUESTION_FIELDS}
+        values = _values(QUESTION_FIELDS, obj)
         values["kind"] = QuestionKind(values["kind"])
         values["status"] = QuestionStatus(values["status"])
-        for f in QUESTION_FIELDS:
-            if f.kind == "list":
-                values[f.name] = tuple(values[f.name])
-            elif f.kind == "bool" and values[f.name] is not None:
-                values[f.name] = bool(values[f.name])
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in QUESTION_FIELDS:
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if f.kind == "list" else value
-        out["kind"], out["status"] = str(self.kind), str(self.status)
-        return out
+        return _json(QUESTION_FIELDS, self)
 
 
 class Reply(NamedTuple):

@@ -16,7 +16,6 @@ import selectors
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -378,24 +377,6 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     return proc.returncode
 
 
-def note(sink: Sink, text: str) -> None:
-    """A journal entry about the attempt's worktree (standard error when run by hand)."""
-    if sink.journal is None:
-        sys.stderr.write(f"fleet-run: {text}\n")
-        return
-    sink.journal.send(
-        {
-            "MESSAGE": text,
-            "PRIORITY": 5,
-            "SYSLOG_IDENTIFIER": "fleet-run",
-            "FLEET_TASK_ID": sink.ctx.task,
-            "FLEET_ATTEMPT": sink.ctx.attempt,
-            "FLEET_EVENT": "lifecycle",
-            "FLEET_CODER": sink.ctx.coder,
-        }
-    )
-
-
 def keep(sink: Sink, place: worktree.Place, message: str) -> None:
     """Commit what the agent left uncommitted; a failure (a full disk) is an error event and
     leaves the files where they are, for the next attempt or a person."""
@@ -408,7 +389,7 @@ def keep(sink: Sink, place: worktree.Place, message: str) -> None:
         )
         return
     if commit:
-        note(sink, f"committed the uncommitted work as {commit} on {place.branch}")
+        sink.lifecycle(None, f"committed the uncommitted work as {commit} on {place.branch}")
 
 
 def attempt(task_id: str) -> int:
@@ -492,7 +473,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
             notifier.ready("not started")
             return finish("error", f"no worktree: {e.message}", None, Tally())
         how = "created" if place.created else "reused"
-        note(sink, f"worktree {place.worktree} {how}, on branch {place.branch}")
+        sink.lifecycle(None, f"worktree {place.worktree} {how}, on branch {place.branch}")
         # A runner killed before it could commit (SIGKILL, a crash) left its agent's work here.
         keep(
             sink, place, f"fleet: work left uncommitted before attempt {task.attempts} of {task.id}"
