@@ -5,6 +5,13 @@ poke, recover stale claims (lease expired and unit not alive: back to ready, att
 lost), then claim up to `max_concurrent` minus this host's live claims, honouring the pause and
 per-coder gates, and start a fleet-task@ID unit for each. Claims whose unit cannot be started
 are released at once, so no task is stranded.
+
+The commands that make work ready (`fleet add`, `fleet retry`, `fleet resume`) run the same pass
+themselves when they can start this queue's units (`dispatch_or_wake`): that takes the path
+unit and one interpreter start-up off the way from `fleet add` to a running agent. Whenever
+they cannot (units not installed, no reachable manager, another pass holding the lock, a system
+queue and a user who may not start its units) they poke the wake file instead, so the outcome is
+the same pass, only run by fleet-claim.service.
 """
 
 from __future__ import annotations
@@ -33,11 +40,18 @@ class Pass:
     running: int
 
 
+class Busy(Exception):
+    """Another dispatch pass holds the lock."""
+
+
 @contextmanager
-def dispatch_lock(paths: Paths) -> Iterator[None]:
+def dispatch_lock(paths: Paths, wait: bool = True) -> Iterator[None]:
     fd = os.open(paths.home / "claim.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise Busy from None
         yield
     finally:
         os.close(fd)
@@ -58,9 +72,10 @@ def recover(store: Store, scope: Scope, me: str) -> list[str]:
     return recovered
 
 
-def dispatch(paths: Paths, store: Store, config: Config, scope: Scope) -> Pass:
+def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: bool = True) -> Pass:
+    """One pass; with `wait=False`, raises Busy at once if another pass is under way."""
     me = owner()
-    with dispatch_lock(paths):
+    with dispatch_lock(paths, wait):
         wake.consume(paths)
         recovered = recover(store, scope, me)
         running = len(store.claims(me))
@@ -81,3 +96,35 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope) -> Pass:
             sys.stderr.write(f"fleet-claim: cannot start units, released {len(ids)}: {e}\n")
             raise
         return Pass(recovered, ids, running + len(ids))
+
+
+def can_start_units(paths: Paths, scope: Scope) -> bool:
+    """Whether this process can start the queue's units itself, judged without running
+    anything: `fleet setup` has installed them for this FLEET_HOME, and the manager of that
+    scope is up and ours to talk to."""
+    if not (paths.home / systemd.SCOPE_FILE).exists():
+        return False
+    if scope == "system":
+        # sd_booted(); and only root may start system units without asking polkit.
+        return os.geteuid() == 0 and os.path.isdir("/run/systemd/system")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return bool(runtime) and os.path.exists(f"{runtime}/systemd/private")
+
+
+def dispatch_or_wake(paths: Paths, store: Store) -> None:
+    """Start what is ready now, in this process, or leave that to fleet-claim.service.
+
+    Never raises for the dispatch itself: the work is already in the queue, and the wake file
+    makes sure a pass runs."""
+    from fleet.config import load_or_last_good
+
+    scope = systemd.scope_for(paths)
+    if can_start_units(paths, scope):
+        try:
+            dispatch(paths, store, load_or_last_good(paths), scope, wait=False)
+            return
+        except Busy:
+            pass  # the pass under way may have read the queue already: poke for another
+        except FleetError as e:
+            sys.stderr.write(f"fleet: could not start units here, fleet-claim will: {e.message}\n")
+    wake.poke(paths)

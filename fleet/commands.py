@@ -17,9 +17,11 @@ def claim(quiet: bool) -> None:
     """Run one dispatch pass: recover stale claims, then claim ready tasks up to the cap and
     start a fleet-task@ID unit for each.
 
-    systemd runs it from fleet-claim.service whenever fleet-claim.path sees a wake-up (a task
-    was added, retried or finished) or the configuration changes, and from fleet-claim.timer
-    as a safety net. Running it by hand is safe: passes on one host take turns.
+    `fleet add`, `fleet retry` and `fleet resume` run the same pass themselves when they can
+    start the units. Otherwise, and when a task finishes or the configuration changes, they
+    leave a wake-up that fleet-claim.path sees, and systemd runs it from fleet-claim.service;
+    fleet-claim.timer runs it as a safety net. Running it by hand is safe: passes on one host
+    take turns.
     """
     from fleet import programs
 

@@ -273,3 +273,12 @@ def test_the_parsed_configuration_cache_follows_every_edit(fleet: Fleet, home: P
     # A cache that claims other values for another text is never believed.
     cache.write_text(json.dumps({"text": "max_concurrent = 9\n", "values": {"max_concurrent": 9}}))
     assert fleet.ok("config", "get", "max_concurrent").strip() == "4"
+
+
+def test_add_without_installed_units_wakes_the_dispatcher(fleet: Fleet, home: Path) -> None:
+    # No `fleet setup` for this FLEET_HOME: nothing here may start units, so `fleet add`
+    # leaves the task ready and the wake file for fleet-claim.path, whenever it is installed.
+    task_id = fleet.add("later")
+    assert (home / "wake" / "poke").exists()
+    task = fleet.show(task_id)
+    assert task["status"] == "ready" and task["attempts"] == 0

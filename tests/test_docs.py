@@ -20,6 +20,7 @@ import pytest
 
 from fleet import docs
 from fleet.cli import cli
+from fleet.cli.app import MODULES
 from fleet.commands import PROGRAMS
 from fleet.errors import EXIT_CODES
 from fleet.model import ATTEMPT_FIELDS, TASK_FIELDS
@@ -66,9 +67,22 @@ def test_committed_files_match_the_code() -> None:
     assert not extra, f"stale files nothing generates: {', '.join(extra)}; {REGENERATE}"
 
 
+def test_the_command_table_names_where_each_command_is() -> None:
+    import importlib
+    import pkgutil
+
+    import fleet.cli
+
+    for module in pkgutil.iter_modules(fleet.cli.__path__):
+        importlib.import_module(f"fleet.cli.{module.name}")
+    registered = {name: c.callback.__module__ for name, c in cli.commands.items() if c.callback}
+    assert registered == {name: f"fleet.cli.{m}" for name, m in MODULES.items()}
+
+
 def test_every_command_has_a_page() -> None:
     expected = {"man/fleet.1", "man/fleet.toml.5"}
-    expected |= {f"man/fleet-{name}.1" for name, c in cli.commands.items() if not c.hidden}
+    commands = cli.load_all().commands
+    expected |= {f"man/fleet-{name}.1" for name, c in commands.items() if not c.hidden}
     expected |= {f"man/{name}.1" for name in PROGRAMS}
     assert set(MAN_PAGES) == expected
     assert {p for p in RENDERED if p.startswith("completions/")} == set(docs.COMPLETIONS)

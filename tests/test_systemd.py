@@ -6,6 +6,7 @@ re-runs `fleet setup --system`, as a user changing the configuration would.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -67,6 +68,18 @@ class Fleet:
             what=f"fleet-task@{task_id} active",
         )
 
+    def idle(self) -> None:
+        """Until no dispatch pass is pending or running (fleet setup starts one)."""
+
+        def idle() -> bool:
+            state = self.box.systemctl("is-active", "fleet-claim.service", check=False).stdout
+            return (
+                state.strip() in ("inactive", "failed")
+                and not (self.home / "wake" / "poke").exists()
+            )
+
+        self.box.wait_for(idle, what="the dispatcher to be idle")
+
     def outcomes(self, task_id: str) -> list[str]:
         return [str(a["outcome"]) for a in self.show(task_id)["attempt_log"]]
 
@@ -83,9 +96,27 @@ def fleet(systemd: Sandbox, tmp_path: Path) -> Iterator[Fleet]:
     systemd.systemctl("reset-failed", check=False)
 
 
-def test_add_dispatches_through_the_path_unit_not_the_timer(fleet: Fleet) -> None:
+UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"  # systemd's catalogued "Starting …"
+
+
+def starts_since(box: Sandbox, cursor: str) -> list[str]:
+    """The units systemd started after `cursor`, in order."""
+    # Filtered in Python: journalctl 252 given --after-cursor and a match can skip the first
+    # matching entry.
+    entries = box.journal(f"--after-cursor={cursor}")
+    return [str(e.get("UNIT")) for e in entries if e.get("MESSAGE_ID") == UNIT_STARTING]
+
+
+def cursor(box: Sandbox) -> str:
+    return str(box.journal("-n", "1")[0]["__CURSOR"])
+
+
+def test_add_starts_its_task_itself_not_through_the_timer(fleet: Fleet) -> None:
     fleet.box.systemctl("stop", "fleet-claim.timer")
+    fleet.idle()
+    before = cursor(fleet.box)
     task_id = fleet.add("echo hello from the agent")
+    assert not (fleet.home / "wake" / "poke").exists()
     assert fleet.wait(task_id) == 0
     task = fleet.show(task_id)
     assert task["status"] == "done" and fleet.outcomes(task_id) == ["success"]
@@ -93,8 +124,35 @@ def test_add_dispatches_through_the_path_unit_not_the_timer(fleet: Fleet) -> Non
         fleet.box.systemctl("is-active", "fleet-claim.timer", check=False).stdout.strip()
         == "inactive"
     )
+    # `fleet add` ran the dispatch pass itself: the task's unit started before any pass of
+    # fleet-claim.service (the finished task pokes one afterwards).
+    started = starts_since(fleet.box, before)
+    assert started[0] == f"fleet-task@{task_id}.service", started
     lines = fleet.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
     assert "hello from the agent" in lines and "attempt 1 ended: success" in lines
+
+
+def test_add_leaves_a_busy_dispatcher_to_the_path_unit(fleet: Fleet) -> None:
+    fleet.box.systemctl("stop", "fleet-claim.timer")
+    # Another pass holds the lock: `fleet add` must not wait for it, and must not lose the
+    # task either; the wake file hands it to fleet-claim.service, which runs once it may.
+    fd = os.open(fleet.home / "claim.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        task_id = fleet.add("echo woken")
+        assert (fleet.home / "wake" / "poke").exists()
+        fleet.box.wait_for(
+            lambda: (
+                fleet.box.systemctl("is-active", "fleet-claim.service", check=False).stdout
+                == "activating\n"
+            ),
+            what="a pass of fleet-claim.service waiting for the lock",
+        )
+        assert fleet.show(task_id)["status"] == "ready"
+    finally:
+        os.close(fd)
+    assert fleet.wait(task_id) == 0
+    assert fleet.outcomes(task_id) == ["success"]
 
 
 def test_failure_is_retried_then_blocked(fleet: Fleet) -> None:

@@ -156,7 +156,17 @@ def test_user_manager_sees_the_units_of_fleet_setup(nobody: UserFleet) -> None:
 def test_a_task_runs_as_a_user_unit(nobody: UserFleet) -> None:
     project = nobody.root / "project"
     script = 'echo "hello from $(id -un)"; echo "in $PWD"'
+
+    def idle() -> bool:  # fleet setup starts a pass; this test's add should find none
+        state = nobody.box.run_user(
+            "systemctl", "--user", "is-active", "fleet-claim.service", check=False
+        )
+        return state.stdout.strip() in ("inactive", "failed")
+
+    nobody.box.wait_for(idle, 30, "the dispatcher to be idle")
     task_id = nobody("add", "greet", "--cwd", str(project), "-d", script).stdout.strip()
+    # The user's own `fleet add` reached their manager and started the unit itself.
+    assert not (nobody.home / "wake" / "poke").exists()
     waited = nobody("wait", task_id, "--timeout", "60", check=False, timeout=90)
     assert waited.returncode == 0, (waited.stderr, nobody("show", task_id).stdout)
     shown = json.loads(nobody("show", task_id, "--json").stdout)

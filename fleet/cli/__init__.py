@@ -1,19 +1,10 @@
-"""The `fleet` command: one click group; each submodule registers the commands of one noun."""
+"""The `fleet` command: one click group; each submodule registers the commands of one noun,
+and is imported only when one of its commands runs (see fleet.cli.app.MODULES)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleet.cli import (  # noqa: F401  (they register commands)
-    add,
-    change,
-    config_cmd,
-    control,
-    listing,
-    logs,
-    questions,
-    setup,
-)
 from fleet.cli.app import cli, run
 
 __all__ = ["cli", "main"]

@@ -132,9 +132,9 @@ def add(
         if not lines:
             raise
         raise InputError(f"{source} line {lines[e.index]}: {e.message}", e.hint) from None
-    from fleet import wake
+    from fleet.claim import dispatch_or_wake
 
-    wake.poke(app.paths)
+    dispatch_or_wake(app.paths, app.store)
     out = fmt_of(fmt)
     if out == "table":
         sys.stdout.write("".join(t.id + "\n" for t in tasks))

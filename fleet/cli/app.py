@@ -107,7 +107,53 @@ class TaskRef(click.ParamType[str]):
 TASK = TaskRef()
 
 
+# Which module defines each command: `fleet add` then imports add.py alone, not the whole
+# command line (tests/test_docs.py checks this table against what the modules register).
+MODULES = {
+    "add": "add",
+    "answer": "questions",
+    "block": "change",
+    "cancel": "change",
+    "close": "change",
+    "config": "config_cmd",
+    "doctor": "setup",
+    "edit": "change",
+    "kill": "control",
+    "logs": "logs",
+    "ls": "listing",
+    "pause": "control",
+    "questions": "questions",
+    "ready": "listing",
+    "resume": "control",
+    "retry": "change",
+    "setup": "setup",
+    "show": "listing",
+    "wait": "control",
+}
+
+
+class Fleet(click.Group):
+    """The command group, importing a command's module only when that command is wanted."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in MODULES and cmd_name not in self.commands:
+            import importlib
+
+            importlib.import_module(f"fleet.cli.{MODULES[cmd_name]}")
+        return super().get_command(ctx, cmd_name)
+
+    def load_all(self) -> Fleet:
+        """Every command registered (for the man pages and the checks on them)."""
+        for name in MODULES:
+            self.get_command(click.Context(self), name)
+        return self
+
+
 @click.group(
+    cls=Fleet,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @click.version_option(__version__, "--version", prog_name="fleet", message="%(prog)s %(version)s")

@@ -124,10 +124,10 @@ def block(app: App, task_id: str, reason: str, as_json: bool) -> None:
 @pass_app
 def retry(app: App, task_id: str, as_json: bool) -> None:
     """Put a blocked, done or cancelled task back to ready, with its counters reset."""
-    from fleet import wake
+    from fleet.claim import dispatch_or_wake
 
     task = app.store.retry(task_id)
-    wake.poke(app.paths)
+    dispatch_or_wake(app.paths, app.store)
     _done(task, as_json)
 
 

@@ -40,10 +40,10 @@ def pause(app: App, reason: str | None) -> None:
 @pass_app
 def resume(app: App) -> None:
     """Start tasks again after `fleet pause`."""
-    from fleet import wake
+    from fleet.claim import dispatch_or_wake
 
     app.store.clear_gate("pause")
-    wake.poke(app.paths)
+    dispatch_or_wake(app.paths, app.store)
 
 
 def _settled(task: Task) -> bool:
