@@ -537,7 +537,7 @@ def setting_entry(s: Setting, env: bool) -> list[str]:
     if s.minimum is not None and s.maximum is not None:
         facts.append(f"From {s.minimum} to {s.maximum}.")
     if s.choices:
-        facts.append(f"One of: {', '.join(s.choices)}.")
+        facts.append(f"One of: {esc(', '.join(s.choices))}.")
     if env:
         facts.append(f"Environment: {bold(s.env_var)}.")
     return tagged(tag, [f"{esc(s.help)} {' '.join(facts)}"])

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 class Status(enum.StrEnum):
     READY = "ready"  # waiting to be claimed (once every task it depends on is done)
     RUNNING = "running"  # claimed; an attempt holds the lease
+    MERGING = "merging"  # finished in its worktree; its branch waits to be merged back
     BLOCKED = "blocked"  # needs a person: retry limit reached, or blocked by hand or by the agent
     DONE = "done"  # closed as finished
     CANCELLED = "cancelled"  # withdrawn; never runs again unless retried
@@ -27,6 +28,8 @@ class Status(enum.StrEnum):
 
 
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 4, 2
+ISOLATIONS = ("none", "worktree")  # where the agent works: the task's cwd, or a worktree of it
+MERGE_STRATEGIES = ("merge", "rebase", "ff-only", "branch")  # how a worktree's branch goes back
 
 
 class Field(NamedTuple):
@@ -62,7 +65,12 @@ TASK_FIELDS: tuple[Field, ...] = (
     Field("id", "text", "task id, `fl-` and six base32 characters"),
     Field("title", "text", "one-line title"),
     Field("description", "text", "longer instructions for the agent (may be empty)"),
-    Field("status", "text", "ready, running, blocked, done or cancelled"),
+    Field(
+        "status",
+        "text",
+        "ready, running, merging (finished, its branch waits to be merged back), blocked, done"
+        " or cancelled",
+    ),
     Field("priority", "int", "0 (highest) to 4 (lowest)"),
     Field("cwd", "text", "absolute project directory the agent works in"),
     Field("coder", "text", "coder name; null until the first claim freezes the default"),
@@ -94,6 +102,26 @@ TASK_FIELDS: tuple[Field, ...] = (
     Field("base", "text", "with worktree isolation, the branch the task's branch starts from"),
     Field("branch", "text", "the task's git branch (fleet/ID) once its worktree exists, or null"),
     Field("worktree", "text", "absolute path of the task's git worktree once created, or null"),
+    Field(
+        "merge",
+        "text",
+        "with worktree isolation, how the branch goes back into base once the task is done:"
+        " merge, rebase, ff-only or branch; null means the merge_strategy setting at that time",
+    ),
+    Field(
+        "merge_state",
+        "text",
+        "null until the agent finishes; then pending (waiting, see merge_reason), merged,"
+        " branch (left for a pull request), conflict or failed (blocked, see reason)",
+    ),
+    Field("merge_reason", "text", "why the merge-back waits, failed, or what it left behind"),
+    Field("merged_commit", "text", "the commit the merge-back moved the base branch to, or null"),
+    Field(
+        "ahead",
+        "int",
+        "commits on the task's branch that its base has not, as counted when an attempt or a"
+        " merge-back last ended; null before",
+    ),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -142,6 +170,11 @@ class Task(NamedTuple):
     base: str | None
     branch: str | None
     worktree: str | None
+    merge: str | None
+    merge_state: str | None
+    merge_reason: str | None
+    merged_commit: str | None
+    ahead: int | None
 
     @property
     def isolated(self) -> bool:
@@ -261,6 +294,7 @@ class TaskSpec(NamedTuple):
     ref: str | None = None  # batch-local name other lines may depend on
     isolation: str | None = None  # "none" or "worktree", resolved by `fleet add`
     base: str | None = None  # with worktree isolation: the branch to start from
+    merge: str | None = None  # with worktree isolation: the merge-back strategy, None: setting
 
 
 class TaskEdit(NamedTuple):
@@ -296,3 +330,12 @@ class AttemptEnd(NamedTuple):
     tokens_out: int | None = None
     cost: float | None = None
     session_id: str | None = None
+
+
+class MergeMark(NamedTuple):
+    """What a merge-back attempt leaves on its task."""
+
+    state: str  # pending, merged, branch, conflict or failed
+    reason: str | None = None  # why it waits or failed, or what it left behind
+    commit: str | None = None  # the commit the base branch now points at (merged)
+    ahead: int | None = None  # the branch's commits its base has not, None: unchanged

@@ -31,7 +31,13 @@ def claim(quiet: bool) -> None:
     paths = resolve()
     store = open_store(paths)
     try:
-        result = dispatch(paths, store, load_or_last_good(paths), current_scope())
+        config = load_or_last_good(paths)
+        result = dispatch(paths, store, config, current_scope())
+        # After the units are started, so a slow merge never delays them; only here and not
+        # in `fleet add`'s own pass, which should return at once.
+        from fleet import merge
+
+        merge.claim_pass(paths, store, config)
     finally:
         store.close()
     if result.started or result.recovered or not quiet:

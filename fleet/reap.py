@@ -5,9 +5,11 @@ invocation and attempt), systemd's $SERVICE_RESULT / $EXIT_CODE / $EXIT_STATUS a
 OOM counter. The classification is one of OUTCOMES; the policy maps it to the task's next
 state with the retry and no-close limits. A person's close, block or cancel during the attempt
 always stands. A runner that died without an outcome (SIGKILL) could not commit its agent's
-work in a task's worktree, so that is committed here first. Then it wakes fleet-claim, since a
-slot is free, and when the task is left blocked (other than by a person's kill) it notifies a
-person through fleet.alerts.
+work in a task's worktree, so that is committed here first. A worktree task whose attempt
+succeeded is not done yet: it goes to `merging`, and its branch is merged back here and now
+(fleet.merge), leaving it done, blocked, or merging still (retried by every dispatch pass). Then
+it wakes fleet-claim, since a slot is free, and when the task is left blocked (other than by a
+person's kill) it notifies a person through fleet.alerts.
 """
 
 from __future__ import annotations
@@ -177,6 +179,13 @@ def settle(
         store.release(task_id, owner(), AttemptEnd("interrupted", exit_status=None))
         return "interrupted"
     status, why = policy(task, kind, reason, config)
+    ahead = None
+    if task.isolated and task.branch and task.base:
+        from fleet import worktree
+
+        ahead = worktree.commits_ahead(task.worktree or task.cwd, task.base, task.branch)
+        if kind == "success":
+            status = Status.MERGING
     if kind == "rate-limited":
         hold_back(paths, store, config, task, found)
     count: Count | None = (
@@ -191,12 +200,26 @@ def settle(
         session_id=found.session if found else None,
     )
     try:
-        after = store.finish(task_id, owner(), end, status, why, count)
+        after = store.finish(task_id, owner(), end, status, why, count, ahead)
     except Conflict:
         return None  # someone else reaped it meanwhile
+    if after.status == Status.MERGING:
+        after = merge_back(paths, store, config, after)
     wake.poke(paths)
     alert(paths, config, task, after, kind)
     return kind
+
+
+def merge_back(paths: Paths, store: Store, config: Config, task: Task) -> Task:
+    """Merge the task's branch back now (waiting for the repository's lock); a failure here is
+    written to the journal, and the task stays in merging for the next pass to retry."""
+    from fleet import merge
+
+    try:
+        return merge.merge_back(paths, store, config, task.id) or task
+    except FleetError as e:
+        sys.stderr.write(f"fleet-reap: merge-back of {task.id}: {e.message}\n")
+        return task
 
 
 def keep_work(task: Task, kind: str) -> None:

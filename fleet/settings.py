@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleet.errors import ConfigError
+from fleet.model import ISOLATIONS, MERGE_STRATEGIES
 
 Kind = Literal["int", "str", "bool", "list", "table", "sizes"]
 
@@ -122,8 +123,26 @@ SETTINGS: tuple[Setting, ...] = (
         "none",
         "Where the agent of a task added without --isolation works: none (in the task's"
         " directory) or worktree (in a git worktree of its own under the state directory, on"
-        " branch fleet/ID, which is left for you to merge).",
-        choices=("none", "worktree"),
+        " branch fleet/ID, merged back when the task is done: see merge_strategy).",
+        choices=ISOLATIONS,
+    ),
+    Setting(
+        "merge_strategy",
+        "str",
+        "merge",
+        "How a worktree task's branch goes back into its base branch once the agent closes the"
+        " task, unless the task names one: merge (a merge commit), rebase (rebase the branch,"
+        " then fast-forward), ff-only (only if the base has not moved), or branch (leave the"
+        " branch for a pull request). The base is only moved if it is not checked out or its"
+        " checkout is clean; otherwise the task waits in merging.",
+        choices=MERGE_STRATEGIES,
+    ),
+    Setting(
+        "merge_delete_branch",
+        "bool",
+        True,
+        "Delete branch fleet/ID once it is merged back (never with the branch strategy, and"
+        " never while it has commits its base has not).",
     ),
     Setting(
         "retry_limit",

@@ -4,8 +4,9 @@ Invariants:
 - the agent's work is never dropped: whatever it leaves uncommitted is committed to its branch
   as a WIP commit when the attempt ends (however it ends), and nothing here ever deletes a
   branch, a commit or a worktree's files;
-- the user's own checkout is never touched: the worktree lives under `$FLEET_HOME/worktrees/ID`
-  and only `git worktree add` / `prune` write to the repository's administrative files;
+- the user's own checkout is never touched here: the worktree lives under
+  `$FLEET_HOME/worktrees/ID` and only `git worktree add` / `prune` write to the repository's
+  administrative files (moving the base branch is fleet.merge's, under its own rules);
 - the first attempt creates branch fleet/ID from the current head of the task's base branch;
   later attempts reuse the worktree, or re-create it from the branch if it was deleted by hand;
 - every git call goes through fleet.proc.run, and every failure is a FleetError with git's own
@@ -22,7 +23,6 @@ from pathlib import Path
 from fleet.errors import FleetError, InputError
 from fleet.proc import run
 
-ISOLATIONS = ("none", "worktree")
 GIT_TIMEOUT = 120.0  # a `git add -A` of a large tree takes a while
 
 
@@ -30,7 +30,7 @@ def branch_of(task_id: str) -> str:
     return f"fleet/{task_id}"
 
 
-def _git(repo: str | Path, *args: str) -> str:
+def git(repo: str | Path, *args: str) -> str:
     """git's standard output; FleetError with git's own last line of stderr if it fails."""
     result = run(["git", "-C", str(repo), *args], check=False, timeout=GIT_TIMEOUT)
     if result.returncode == 0:
@@ -40,7 +40,7 @@ def _git(repo: str | Path, *args: str) -> str:
     raise FleetError(f"git {verb} failed: {last}")
 
 
-def _ok(repo: str | Path, *args: str) -> bool:
+def git_ok(repo: str | Path, *args: str) -> bool:
     return run(["git", "-C", str(repo), *args], check=False, timeout=GIT_TIMEOUT).returncode == 0
 
 
@@ -52,7 +52,7 @@ def toplevel(cwd: str) -> str | None:
 
 
 def has_branch(repo: str | Path, name: str) -> bool:
-    return _ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{name}^{{commit}}")
+    return git_ok(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{name}^{{commit}}")
 
 
 def check_add(cwd: str, base: str | None) -> str:
@@ -72,7 +72,7 @@ def check_add(cwd: str, base: str | None) -> str:
                 f"{top} has a detached HEAD: there is no current branch to start from",
                 hint="name the branch the task starts from with --base BRANCH",
             )
-    if not _ok(cwd, "check-ref-format", "--branch", base) or not has_branch(cwd, base):
+    if not git_ok(cwd, "check-ref-format", "--branch", base) or not has_branch(cwd, base):
         raise InputError(
             f"{base!r} is not a local branch of {top}",
             hint=f"`git -C {top} branch` lists them",
@@ -100,25 +100,26 @@ def ensure(task_id: str, cwd: str, base: str, root: Path) -> Place:
     path = root / task_id
     inside = os.path.relpath(os.path.realpath(cwd), os.path.realpath(repo))
     created = False
-    if not _is_worktree(path):
+    if not is_worktree(path):
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         # A worktree deleted by hand is still registered: forget it before adding it again.
-        _ok(repo, "worktree", "prune")
+        git_ok(repo, "worktree", "prune")
         if path.exists() and any(path.iterdir()):
             raise FleetError(f"{path} exists and is not a git worktree; move it aside")
         if has_branch(repo, branch):
-            _git(repo, "worktree", "add", str(path), branch)
+            git(repo, "worktree", "add", str(path), branch)
         elif not has_branch(repo, base):
             raise FleetError(f"the base branch {base!r} no longer exists in {repo}")
         else:
-            _git(repo, "worktree", "add", "-b", branch, str(path), base)
+            git(repo, "worktree", "add", "-b", branch, str(path), base)
         created = True
     workdir = path if inside == "." else path / inside
     workdir.mkdir(parents=True, exist_ok=True)
     return Place(repo, path, branch, workdir, created)
 
 
-def _is_worktree(path: Path) -> bool:
+def is_worktree(path: Path) -> bool:
+    """Whether `path` is the top of a git work tree (a deleted or moved one is not)."""
     if not (path / ".git").exists():
         return False
     top = run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], check=False)
@@ -128,31 +129,27 @@ def _is_worktree(path: Path) -> bool:
 def commit_leftovers(worktree: Path, message: str) -> str | None:
     """Commit whatever the agent left uncommitted in `worktree`; the new commit's short hash,
     or None if there was nothing to commit. FleetError (nothing lost) if git fails."""
-    if not _git(worktree, "status", "--porcelain"):
+    if not git(worktree, "status", "--porcelain"):
         return None
-    _git(worktree, "add", "-A")
+    git(worktree, "add", "-A")
+    # Hooks must not stand between the agent's work and its branch.
+    git(worktree, *committer(worktree), "commit", "--no-verify", "--quiet", "-m", message)
+    return git(worktree, "rev-parse", "--short", "HEAD")
+
+
+def committer(repo: str | Path) -> list[str]:
+    """git options for fleet's own commits in `repo`: the repository's identity, or fleet's
+    when it has none; never signed (no one is there to unlock a key)."""
     ident: list[str] = []
-    if not (_ok(worktree, "config", "user.name") and _ok(worktree, "config", "user.email")):
+    if not (git_ok(repo, "config", "user.name") and git_ok(repo, "config", "user.email")):
         ident = ["-c", "user.name=fleet", "-c", f"user.email=fleet@{socket.gethostname()}"]
-    # Hooks and signing must not stand between the agent's work and its branch.
-    _git(
-        worktree,
-        *ident,
-        "-c",
-        "commit.gpgsign=false",
-        "commit",
-        "--no-verify",
-        "--quiet",
-        "-m",
-        message,
-    )
-    return _git(worktree, "rev-parse", "--short", "HEAD")
+    return [*ident, "-c", "commit.gpgsign=false"]
 
 
 def commits_ahead(repo: str, base: str, branch: str) -> int | None:
     """How many commits `branch` has that `base` has not; None when git cannot tell."""
     try:
-        count = _git(repo, "rev-list", "--count", f"refs/heads/{base}..refs/heads/{branch}")
+        count = git(repo, "rev-list", "--count", f"refs/heads/{base}..refs/heads/{branch}")
         return int(count)
     except (FleetError, ValueError):
         return None

@@ -149,15 +149,15 @@ def test_a_version_2_store_is_migrated(home: Path, project: Path) -> None:
 
 
 def test_the_agent_works_in_its_own_worktree(fleet: Fleet, repo: Path, home: Path) -> None:
+    fleet.ok("config", "set", "merge_strategy=branch")  # keep the branch, leave main alone
     tid = fleet.add("x", "--coder", "command", "-d", "echo hi > new.txt", "--isolation", "worktree")
     result = run(tid, repo)
     assert result.returncode == 0, result.stderr
     tree = worktree_of(home, tid)
     assert git(repo, "status", "--porcelain") == "" and not (repo / "new.txt").exists()
     assert git(repo, "branch", "--show-current") == "main"
-    assert (tree / "new.txt").read_text() == "hi\n"
-    assert git(tree, "branch", "--show-current") == f"fleet/{tid}"
-    assert git(tree, "status", "--porcelain") == ""
+    assert git(repo, "show", f"fleet/{tid}:new.txt") == "hi"
+    assert not tree.exists()  # the branch holds it all: the worktree was removed
     assert subjects(repo, f"fleet/{tid}") == [
         f"fleet: work in progress of {tid}, attempt 1",
         "init",
@@ -175,8 +175,10 @@ def test_the_agent_works_in_its_own_worktree(fleet: Fleet, repo: Path, home: Pat
     assert {k: task[k] for k in want} == want
     (listed,) = json.loads(fleet.ok("ls", "--all", "--json"))
     assert {k: listed[k] for k in want} == want
+    assert (task["merge_state"], task["ahead"]) == ("branch", 1)
     table = fleet.ok("show", tid)
     assert f"branch         fleet/{tid}" in table and "commits ahead  1 (of main)" in table
+    assert f"worktree       {tree} (removed)" in table
     prompt = (home / "tasks" / tid / "prompt.md").read_text()
     assert f"in {tree}." in prompt and f"on branch fleet/{tid} (from main)" in prompt
     assert "Commit your work" in prompt
@@ -197,26 +199,26 @@ def test_a_prompt_template_of_ones_own_gets_the_branch(
 
 
 def test_a_subdirectory_cwd_maps_into_the_worktree(fleet: Fleet, repo: Path, home: Path) -> None:
+    fleet.ok("config", "set", "merge_strategy=branch")
     tid = fleet.add(
         "x", "--cwd", str(repo / "sub"), "--coder", "command", "-d", "pwd > where.txt",
         "--isolation", "worktree",
     )  # fmt: skip
     assert run(tid, repo).returncode == 0
     sub = worktree_of(home, tid) / "sub"
-    assert (sub / "where.txt").read_text().strip() == str(sub)
-    assert (sub / "keep.txt").read_text() == "kept\n"
+    assert git(repo, "show", f"fleet/{tid}:sub/where.txt") == str(sub)
 
 
 def test_later_attempts_reuse_the_worktree(fleet: Fleet, repo: Path, home: Path) -> None:
-    script = "echo x >> log.txt; echo $PWD"
+    script = "echo x >> log.txt; echo $PWD; exit 1"  # failed attempts: nothing is merged
     tid = fleet.add("x", "--coder", "command", "-d", script, "--isolation", "worktree")
     first = run(tid, repo)
-    assert first.returncode == 0 and "created, on branch" in first.stderr
+    assert first.returncode == 1 and "created, on branch" in first.stderr
     tree = worktree_of(home, tid)
     (tree / "untracked-marker").write_text("left by a person\n")  # survives only a reuse
     fleet.ok("retry", tid)
     second = run(tid, repo)
-    assert second.returncode == 0 and "reused, on branch" in second.stderr
+    assert second.returncode == 1 and "reused, on branch" in second.stderr
     # The person's file was committed before attempt 2 began, then attempt 2's work after it.
     assert subjects(repo, f"fleet/{tid}") == [
         f"fleet: work in progress of {tid}, attempt 2",
@@ -242,14 +244,15 @@ def test_a_task_with_a_branch_keeps_its_repository(
 
 
 def test_a_worktree_deleted_by_hand_is_recreated(fleet: Fleet, repo: Path, home: Path) -> None:
-    tid = fleet.add("x", "--coder", "command", "-d", "echo x >> log.txt", "--isolation", "worktree")
-    assert run(tid, repo).returncode == 0
+    script = "echo x >> log.txt; exit 1"  # a failed attempt: its worktree stays
+    tid = fleet.add("x", "--coder", "command", "-d", script, "--isolation", "worktree")
+    assert run(tid, repo).returncode == 1
     tree = worktree_of(home, tid)
     shutil.rmtree(tree)
     assert "commits ahead  1 (of main)" in fleet.ok("show", tid)  # asked of the repository
     fleet.ok("retry", tid)
     again = run(tid, repo)
-    assert again.returncode == 0, again.stderr
+    assert again.returncode == 1, again.stderr
     assert "created, on branch" in again.stderr
     assert (tree / "log.txt").read_text() == "x\nx\n"  # attempt 1's commit is kept
     assert subjects(repo, f"fleet/{tid}")[:2] == [
@@ -260,6 +263,7 @@ def test_a_worktree_deleted_by_hand_is_recreated(fleet: Fleet, repo: Path, home:
 
 
 def test_an_agent_that_commits_leaves_no_wip_commit(fleet: Fleet, repo: Path) -> None:
+    fleet.ok("config", "set", "merge_strategy=branch")
     script = "echo hi > new.txt && git add new.txt && git commit -q -m 'agent work'"
     tid = fleet.add("x", "--coder", "command", "-d", script, "--isolation", "worktree")
     result = run(tid, repo)
@@ -269,6 +273,7 @@ def test_an_agent_that_commits_leaves_no_wip_commit(fleet: Fleet, repo: Path) ->
 
 
 def test_without_an_identity_fleet_commits_as_itself(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.ok("config", "set", "merge_strategy=branch")
     repo = make_repo(tmp_path / "anonymous", identity=False)
     tid = fleet.add(
         "x", "--cwd", str(repo), "--coder", "command", "-d", "echo hi > new.txt",
@@ -289,9 +294,13 @@ def test_a_failing_commit_loses_nothing(fleet: Fleet, repo: Path, home: Path) ->
     assert any(
         e["event"] == "error" and "could not commit the work left in" in e["text"] for e in errors
     )
-    assert fleet.show(tid)["status"] == "done"
+    # Nor can the merge-back's: the task is blocked, saying why, and nothing is lost.
+    task = fleet.show(tid)
+    assert (task["status"], task["merge_state"]) == ("blocked", "failed")
+    assert "could not commit the work left in" in task["reason"]
     assert (worktree_of(home, tid) / "new.txt").read_text() == "hi\n"
     assert subjects(repo, f"fleet/{tid}") == ["init"]
+    assert subjects(repo, "main") == ["init"]
 
 
 def test_a_deleted_base_branch_ends_the_attempt_as_an_error(fleet: Fleet, repo: Path) -> None:
@@ -326,9 +335,14 @@ def test_a_worktree_task_runs_to_done_under_systemd(units: UnitFleet) -> None:
     assert units.wait(task_id) == 0
     task = units.show(task_id)
     assert task["status"] == "done" and task["branch"] == f"fleet/{task_id}"
-    assert git(units.project, "show", f"fleet/{task_id}:work.txt") == "from the unit"
-    assert git(units.project, "status", "--porcelain") == ""
     assert Path(task["worktree"]) == units.home / "worktrees" / task_id
+    # Merged back: main (checked out and clean) fast-forwarded, worktree and branch gone.
+    assert task["merge_state"] == "merged"
+    assert task["merged_commit"] == git(units.project, "rev-parse", "main")
+    assert (units.project / "work.txt").read_text() == "from the unit\n"
+    assert git(units.project, "status", "--porcelain") == ""
+    assert not Path(task["worktree"]).exists()
+    assert git(units.project, "branch", "--list", f"fleet/{task_id}") == ""
 
 
 def test_two_tasks_in_one_repository_run_at_once(units: UnitFleet, tmp_path: Path) -> None:
@@ -339,7 +353,7 @@ def test_two_tasks_in_one_repository_run_at_once(units: UnitFleet, tmp_path: Pat
     script = (
         f'touch {marks}/$FLEET_TASK_ID; for i in $(seq 300); do [ "$(ls {marks} | wc -l)" -ge 2 ]'
         f' && break; sleep 0.1; done; [ "$(ls {marks} | wc -l)" -ge 2 ] || exit 1;'
-        " echo $FLEET_TASK_ID > out.txt"
+        " echo $FLEET_TASK_ID > out-$FLEET_TASK_ID.txt"
     )
     task_ids = [units.add(script + f" # {i}") for i in range(2)]
     assert units.wait(*task_ids) == 0
@@ -347,10 +361,17 @@ def test_two_tasks_in_one_repository_run_at_once(units: UnitFleet, tmp_path: Pat
     for task_id in task_ids:
         task = units.show(task_id)
         assert units.outcomes(task_id) == ["success"]
-        assert git(units.project, "show", f"fleet/{task_id}:out.txt") == task_id
+        assert task["merge_state"] == "merged"
+        # Both merged back, one after the other: each file is on main, each merge commit
+        # has two parents.
+        assert (units.project / f"out-{task_id}.txt").read_text() == f"{task_id}\n"
+        assert (
+            len(git(units.project, "rev-list", "--parents", "-1", task["merged_commit"]).split())
+            == 3
+        )
         trees.add(task["worktree"])
     assert len(trees) == 2
-    assert not (units.project / "out.txt").exists()
+    assert git(units.project, "status", "--porcelain") == ""
 
 
 def test_a_killed_agents_work_is_committed(units: UnitFleet) -> None:
@@ -360,6 +381,8 @@ def test_a_killed_agents_work_is_committed(units: UnitFleet) -> None:
     units("kill", task_id)
     assert units.wait(task_id) == 1
     assert units.outcomes(task_id) == ["killed"]
+    assert subjects(units.project, "main") == ["init"]  # not finished: nothing merged
+    assert units.show(task_id)["merge_state"] is None
     assert git(units.project, "show", f"fleet/{task_id}:half.txt") == "half done"
     assert subjects(units.project, f"fleet/{task_id}")[0] == (
         f"fleet: work in progress of {task_id}, attempt 1"

@@ -10,8 +10,18 @@ import click
 
 from fleet.cli.app import TASK, App, cli, pass_app
 from fleet.errors import FleetError, InputError
-from fleet.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, TaskSpec
+from fleet.model import (
+    DEFAULT_PRIORITY,
+    ISOLATIONS,
+    MAX_PRIORITY,
+    MERGE_STRATEGIES,
+    MIN_PRIORITY,
+    TaskSpec,
+)
 from fleet.output import emit_object, emit_objects, fmt_of, output_options
+
+# What a batch line's isolation is checked against git for: cwd, isolation, base, merge.
+Isolating = tuple[str, str | None, str | None, str | None]
 
 BATCH_KEYS = (
     "title",
@@ -26,6 +36,7 @@ BATCH_KEYS = (
     "ref",
     "isolation",
     "base",
+    "merge",
 )
 
 
@@ -53,7 +64,7 @@ BATCH_KEYS = (
 @click.option("--parent", type=TASK, help="Record this task as a subtask of another.")
 @click.option(
     "--isolation",
-    type=click.Choice(["none", "worktree"]),
+    type=click.Choice(ISOLATIONS),
     help="none: the agent works in --cwd; worktree: in a git worktree of its own, on branch"
     " fleet/ID [default: the isolation setting].",
 )
@@ -62,6 +73,12 @@ BATCH_KEYS = (
     metavar="BRANCH",
     help="With worktree isolation, the local branch fleet/ID starts from [default: the"
     " current branch].",
+)
+@click.option(
+    "--merge",
+    type=click.Choice(MERGE_STRATEGIES),
+    help="With worktree isolation, how fleet/ID goes back into its base once the task is done"
+    " [default: the merge_strategy setting].",
 )
 @click.option(
     "--batch",
@@ -84,6 +101,7 @@ def add(
     parent: str | None,
     isolation: str | None,
     base: str | None,
+    merge: str | None,
     batch: str | None,
     fmt: str | None,
 ) -> None:
@@ -100,17 +118,17 @@ def add(
         if title is not None:
             raise InputError("give either a TITLE or --batch, not both")
         source = "standard input" if batch == "-" else batch
-        if isolation is not None or base is not None:
+        if isolation is not None or base is not None or merge is not None:
             raise InputError(
-                "--isolation and --base do not apply to --batch",
-                hint="give the keys isolation and base on the batch's lines",
+                "--isolation, --base and --merge do not apply to --batch",
+                hint="give the keys isolation, base and merge on the batch's lines",
             )
         specs, lines = read_batch(app, batch, inputs.cwd(cwd) if cwd else None)
     else:
         if title is None:
             raise InputError("missing TITLE", hint='fleet add "what to do" --cwd DIR')
         directory = inputs.cwd(cwd)
-        isolation, base = isolate(app, directory, isolation, base, "--base")
+        isolation, base = isolate(app, directory, isolation, base, merge, "--")
         specs = [
             TaskSpec(
                 title=inputs.title(title),
@@ -124,6 +142,7 @@ def add(
                 parent=parent,
                 isolation=isolation,
                 base=base,
+                merge=merge,
             )
         ]
     try:
@@ -145,17 +164,19 @@ def add(
 
 
 def isolate(
-    app: App, cwd: str, isolation: str | None, base: str | None, base_name: str
+    app: App, cwd: str, isolation: str | None, base: str | None, merge: str | None, prefix: str
 ) -> tuple[str, str | None]:
     """The task's isolation (given, or the configuration's default, fixed now) and its base
-    branch, checked against the repository now rather than at run time."""
+    branch, checked against the repository now rather than at run time; `prefix` is how the
+    caller names options ("--" on the command line, "" in a batch)."""
     isolation = isolation or app.config.get_str("isolation")
     if isolation != "worktree":
-        if base is not None:
-            raise InputError(
-                f"{base_name} only applies with worktree isolation",
-                hint="add --isolation worktree, or set isolation=worktree",
-            )
+        for name, value in (("base", base), ("merge", merge)):
+            if value is not None:
+                raise InputError(
+                    f"{prefix}{name} only applies with worktree isolation",
+                    hint="add --isolation worktree, or set isolation=worktree",
+                )
         return isolation, None
     from fleet import inputs, worktree
 
@@ -194,7 +215,7 @@ def read_batch(app: App, source: str, default_cwd: str | None) -> tuple[list[Tas
     default_cwd = default_cwd or inputs.cwd(None)
     cwds: dict[str, str] = {}  # a batch names few directories: check each once
     specs: list[TaskSpec] = []
-    checked: dict[tuple[str, str | None, str | None], tuple[str, str | None]] = {}
+    checked: dict[Isolating, tuple[str, str | None]] = {}
     for number, obj in objs:
         try:
             specs.append(_spec(app, obj, refs, default_cwd, cwds, checked))
@@ -210,7 +231,7 @@ def _spec(
     refs: set[str],
     default_cwd: str,
     cwds: dict[str, str],
-    checked: dict[tuple[str, str | None, str | None], tuple[str, str | None]],
+    checked: dict[Isolating, tuple[str, str | None]],
 ) -> TaskSpec:
     from fleet import inputs
 
@@ -250,12 +271,15 @@ def _spec(
     if cwd is not None and cwd not in cwds:
         cwds[cwd] = inputs.cwd(cwd)
     isolation = text("isolation")
-    if isolation is not None and isolation not in ("none", "worktree"):
-        raise InputError(f"isolation must be none or worktree, not {isolation!r}")
+    if isolation is not None and isolation not in ISOLATIONS:
+        raise InputError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
+    merge = text("merge")
+    if merge is not None and merge not in MERGE_STRATEGIES:
+        raise InputError(f"merge must be one of {', '.join(MERGE_STRATEGIES)}, not {merge!r}")
     directory = cwds[cwd] if cwd is not None else default_cwd
-    key = (directory, isolation, text("base"))
+    key = (directory, isolation, text("base"), merge)
     if key not in checked:  # a batch names few repositories: ask git once for each
-        checked[key] = isolate(app, directory, isolation, text("base"), "base")
+        checked[key] = isolate(app, directory, isolation, text("base"), merge, "")
     isolation, base = checked[key]
     return TaskSpec(
         title=inputs.title(title),
@@ -270,4 +294,5 @@ def _spec(
         ref=inputs.name("ref", ref) if ref else None,
         isolation=isolation,
         base=base,
+        merge=merge,
     )

@@ -121,6 +121,7 @@ MODULES = {
     "kill": "control",
     "logs": "logs",
     "ls": "listing",
+    "merge": "control",
     "pause": "control",
     "questions": "questions",
     "ready": "listing",

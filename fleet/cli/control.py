@@ -1,4 +1,4 @@
-"""`fleet kill`, `pause`, `resume` and `wait`: steer running work."""
+"""`fleet kill`, `pause`, `resume`, `wait` and `merge`: steer running and finished work."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import click
 
 from fleet.cli.app import TASK, App, cli, pass_app
-from fleet.errors import Conflict, TimedOut
+from fleet.errors import Conflict, FleetError, TimedOut
 from fleet.model import Status, Task
 
 
@@ -109,3 +109,42 @@ def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
             inotify.read(timeout=None if left is None else int(left * 1000) + 1)
     finally:
         inotify.close()
+
+
+@cli.command("merge")
+@click.argument("task_id", metavar="ID", type=TASK)
+@click.option(
+    "--strategy",
+    type=click.Choice(["merge", "rebase", "ff-only", "branch"]),
+    help="Merge this way from now on instead of the task's own strategy (or merge_strategy).",
+)
+@pass_app
+def merge_cmd(app: App, task_id: str, strategy: str | None) -> None:
+    """Merge a worktree task's branch back into its base now.
+
+    For a task that waits in merging (its base is checked out with uncommitted changes), that
+    was blocked by a conflict once it has been resolved on its branch fleet/ID, or that is done
+    without having been merged. Prints what happened; exits 1 if the task still waits or is
+    blocked, with the reason.
+    """
+    from fleet import merge, wake
+
+    task = merge.request(app.paths, app.store, app.config, task_id, strategy)
+    if task.status == Status.MERGING:
+        raise FleetError(
+            f"{task.id} still waits to merge: {task.merge_reason}",
+            hint="every dispatch pass tries again; or run fleet merge again",
+        )
+    if task.status != Status.DONE:
+        raise FleetError(
+            f"{task.id} is {task.status}: {task.reason}",
+            hint=f"once that is resolved on {task.branch}: fleet merge {task.id}",
+        )
+    wake.poke(app.paths)  # tasks that waited on this one may start
+    if task.merge_state == "branch":
+        click.echo(f"{task.id}: {task.merge_reason}")
+    else:
+        into = f"{task.base} is at {(task.merged_commit or '')[:12]}"
+        click.echo(
+            f"{task.id}: merged, {into}" + (f" ({task.merge_reason})" if task.merge_reason else "")
+        )

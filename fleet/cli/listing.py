@@ -136,9 +136,12 @@ def ready(app: App, limit: int | None, fmt: str | None) -> None:
 
 
 def _isolation_rows(task: Task) -> list[tuple[str, object]]:
-    """base, branch, worktree and commits ahead (asked of git now) of a worktree task."""
+    """base, branch, worktree, commits ahead (asked of git now, else as last counted) and the
+    merge-back of a worktree task."""
     if not task.isolated:
         return []
+    import os
+
     ahead = None
     if task.branch and task.base:
         from fleet import worktree
@@ -146,11 +149,22 @@ def _isolation_rows(task: Task) -> list[tuple[str, object]]:
         ahead = worktree.commits_ahead(task.worktree or task.cwd, task.base, task.branch)
         if ahead is None and task.worktree:  # the worktree was deleted: ask the repository
             ahead = worktree.commits_ahead(task.cwd, task.base, task.branch)
+    counted = "" if ahead is not None or task.ahead is None else " as last counted"
+    ahead = task.ahead if ahead is None else ahead
+    tree = task.worktree or "-"
+    if task.worktree and not os.path.isdir(task.worktree):
+        tree += " (removed)"
+    state = task.merge_state or "-"
+    if task.merge_reason:
+        state += f": {task.merge_reason}"
     return [
         ("base", task.base or "-"),
         ("branch", task.branch or "(created by the first attempt)"),
-        ("worktree", task.worktree or "-"),
-        ("commits ahead", "-" if ahead is None else f"{ahead} (of {task.base})"),
+        ("worktree", tree),
+        ("commits ahead", "-" if ahead is None else f"{ahead} (of {task.base}){counted}"),
+        ("merge", task.merge or "(the merge_strategy setting)"),
+        ("merge state", state),
+        ("merged commit", task.merged_commit or "-"),
     ]
 
 

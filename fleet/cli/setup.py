@@ -97,8 +97,9 @@ def setup(app: App, scope: str | None, run_as: str | None, dry_run: bool, uninst
     click.echo(f"installed {len(units)} units in {target}; fleet-claim.path and .timer enabled")
 
 
-def checks(app: App, scope: Scope) -> list[tuple[bool, str, str, str]]:
-    """(ok, what, detail, fix) for each thing fleet needs."""
+def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str, str, str]]:
+    """(ok, what, detail, fix) for each thing fleet needs; with `repair`, what can be repaired
+    safely is (worktrees left behind)."""
     from fleet import systemd
     from fleet.config import load
     from fleet.store import open_store
@@ -153,7 +154,29 @@ def checks(app: App, scope: Scope) -> list[tuple[bool, str, str, str]]:
     names |= {k.split(".")[1] for k in config.values if k.startswith("coders.")}
     for name in sorted(names):
         results.append(coder_check(config, name))
+    results.extend(worktree_checks(app, config, repair))
     return results
+
+
+def worktree_checks(app: App, config: Config, fix: bool) -> list[tuple[bool, str, str, str]]:
+    """One row per worktree left behind by a gone, done or cancelled task (swept if `fix`)."""
+    from fleet import sweep
+
+    try:
+        found = sweep.sweep(app.paths, app.store, config, fix)
+    except FleetError as e:
+        return [(False, "worktree", e.message, e.hint or "")]
+    rows = []
+    for item in found:
+        detail = f"{item.path} ({item.task_state} task): {item.action}, {item.detail}"
+        if item.action == "removed":
+            rows.append((True, "worktree", detail, ""))
+        elif item.action == "removable":
+            rows.append((False, "worktree", detail, "fleet doctor --fix"))
+        else:
+            fix_by_hand = f"fleet merge {item.task_id}, or look and `git worktree remove --force`"
+            rows.append((False, "worktree", detail, fix_by_hand))
+    return rows
 
 
 def coder_check(config: Config, name: str) -> tuple[bool, str, str, str]:
@@ -190,15 +213,22 @@ def coder_check(config: Config, name: str) -> tuple[bool, str, str, str]:
 @cli.command()
 @scope_options[0]
 @scope_options[1]
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="Remove the worktrees of gone, done or cancelled tasks that hold no unmerged work.",
+)
 @output_options
 @pass_app
-def doctor(app: App, scope: str | None, fmt: str | None) -> int:
-    """Check that fleet can run here: systemd, units, state directory, configuration, coders.
+def doctor(app: App, scope: str | None, fix: bool, fmt: str | None) -> int:
+    """Check that fleet can run here: systemd, units, state directory, configuration, coders,
+    and worktrees left behind by finished tasks.
 
-    Prints one line per check with a fix for each failure; exits 1 if any check failed.
+    Prints one line per check with a fix for each failure; exits 1 if any check failed. A
+    worktree with uncommitted changes or commits its base lacks is reported, never removed.
     """
     chosen = _scope(app, scope)
-    results = checks(app, chosen)
+    results = checks(app, chosen, fix)
     out = fmt_of(fmt)
     if out == "table":
         emit_table(

@@ -8,7 +8,11 @@ Semantics every backend must keep (the SQLite one today, PostgreSQL later):
   keeps the person's status and only records the attempt;
 - a question leaves `pending` exactly once (answered, expired or cancelled), so the first answer
   wins; `finish` cancels the questions the ending attempt left pending; `tasks.question` names
-  the newest pending question of the task, or nothing.
+  the newest pending question of the task, or nothing;
+- a worktree task whose attempt succeeded goes to `merging` (`finish` with Status.MERGING, which
+  also takes a task closed during the attempt), and leaves it only through `record_merge`
+  (done, blocked, or still merging), a person's block, cancel or retry; `merging` is never
+  claimed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from fleet.errors import InputError
 from fleet.model import (
     Attempt,
     AttemptEnd,
+    MergeMark,
     Question,
     QuestionKind,
     QuestionStatus,
@@ -159,7 +164,36 @@ class Store(Protocol):
         status: Status,
         reason: str | None = None,
         count: Count | None = None,
-    ) -> Task: ...
+        ahead: int | None = None,
+    ) -> Task:
+        """End the attempt; `status` applies unless a person changed the task meanwhile
+        (MERGING also applies over a close made during the attempt). `ahead`, if given, is the
+        branch's count of commits its base has not."""
+        ...
+
+    # Merge-back of worktree tasks
+    def pending_merges(self) -> list[Task]:
+        """Tasks in `merging`, oldest first (one indexed query: cheap when there are none)."""
+        ...
+
+    def request_merge(
+        self, task_id: str, allowed: tuple[Status, ...], strategy: str | None
+    ) -> Task:
+        """A person's `fleet merge`: an idle worktree task with a branch, in one of `allowed`,
+        back to `merging` (with `strategy` from now on, if given); Conflict otherwise."""
+        ...
+
+    def record_merge(
+        self,
+        task_id: str,
+        expected: Status,
+        status: Status,
+        mark: MergeMark,
+        reason: str | None = None,
+    ) -> Task:
+        """What a merge-back did, iff the task is still idle in `expected` (Conflict if not):
+        its new status, merge state, and `reason` (kept as it was if None)."""
+        ...
 
     # Questions from agents
     def ask(

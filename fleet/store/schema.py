@@ -2,12 +2,22 @@
 
 A migration is only ever appended, never edited once released. A database whose version is
 higher than `VERSION` was written by a newer fleet and is refused rather than misread.
+Migrations run with foreign keys off and are checked with `PRAGMA foreign_key_check` before they
+commit, so that one may rebuild a table that others refer to.
 """
 
 from __future__ import annotations
 
 # "flt\0": marks the file as fleet's, so a stray SQLite file is not mistaken for a queue.
 APPLICATION_ID = 0x666C7400
+
+# The columns of the tasks table as migration 3 left it, copied over by migration 4.
+_V3_COLUMNS = (
+    "seq, id, title, description, status, priority, cwd, coder, model, labels, parent,"
+    " attempts, failures, noclose, claimed_by, lease_until, reason, created_at, updated_at,"
+    " started_at, finished_at, tokens_in, tokens_out, cost, question, isolation, base, branch,"
+    " worktree"
+)
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -112,6 +122,55 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE tasks ADD COLUMN base TEXT",
         "ALTER TABLE tasks ADD COLUMN branch TEXT",
         "ALTER TABLE tasks ADD COLUMN worktree TEXT",
+    ),
+    (
+        # Merge-back: the strategy (null: the merge_strategy setting), its state and reason,
+        # the commit the base was moved to, and the commits ahead as last counted. The status
+        # gains `merging`, and SQLite cannot alter a CHECK constraint: the table is rebuilt,
+        # with foreign keys off while it is (the store's migration runner sees to that).
+        """CREATE TABLE tasks_v4 (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            title TEXT NOT NULL,
+            description TEXT NOT NULL DEFAULT '',
+            status TEXT NOT NULL DEFAULT 'ready'
+                CHECK (status IN ('ready', 'running', 'merging', 'blocked', 'done', 'cancelled')),
+            priority INTEGER NOT NULL DEFAULT 2 CHECK (priority BETWEEN 0 AND 4),
+            cwd TEXT NOT NULL,
+            coder TEXT,
+            model TEXT,
+            labels TEXT NOT NULL DEFAULT '[]',
+            parent TEXT REFERENCES tasks(id),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            failures INTEGER NOT NULL DEFAULT 0,
+            noclose INTEGER NOT NULL DEFAULT 0,
+            claimed_by TEXT,
+            lease_until TEXT,
+            reason TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            started_at TEXT,
+            finished_at TEXT,
+            tokens_in INTEGER,
+            tokens_out INTEGER,
+            cost REAL,
+            question TEXT,
+            isolation TEXT,
+            base TEXT,
+            branch TEXT,
+            worktree TEXT,
+            merge TEXT,
+            merge_state TEXT,
+            merge_reason TEXT,
+            merged_commit TEXT,
+            ahead INTEGER
+        )""",
+        f"INSERT INTO tasks_v4 ({_V3_COLUMNS}) SELECT {_V3_COLUMNS} FROM tasks",
+        "DROP TABLE tasks",
+        "ALTER TABLE tasks_v4 RENAME TO tasks",
+        "CREATE INDEX tasks_claim_order ON tasks (status, priority, seq)",
+        "CREATE INDEX tasks_parent ON tasks (parent) WHERE parent IS NOT NULL",
+        "CREATE INDEX tasks_claimed ON tasks (claimed_by) WHERE claimed_by IS NOT NULL",
     ),
 )
 

@@ -32,6 +32,7 @@ from fleet.model import (
     Attempt,
     AttemptEnd,
     Field,
+    MergeMark,
     Question,
     QuestionKind,
     QuestionStatus,
@@ -150,17 +151,30 @@ class SQLiteStore:
                 # WAL mode is persistent and cannot change inside a transaction.
                 if self._journal_mode() != "wal":
                     self._db.execute("PRAGMA journal_mode = WAL")
+                # Nor can foreign key enforcement: off, so a migration may rebuild a table that
+                # others refer to; checked as a whole before the commit instead.
+                self._db.execute("PRAGMA foreign_keys = OFF")
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     version = self._version()
                     for statements in MIGRATIONS[version:]:
                         for sql in statements:
                             self._db.execute(sql)
+                    broken = self._db.execute("PRAGMA foreign_key_check").fetchone()
+                    if broken is not None:
+                        raise StoreError(
+                            f"{self._path}: migrating to schema version {VERSION} would leave"
+                            f" a dangling reference in table {broken[0]}",
+                            hint="the store was not changed; report this as a bug",
+                        )
                     self._db.execute(f"PRAGMA user_version = {VERSION}")
+                    self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
                     raise
-                self._db.execute("COMMIT")
+                finally:
+                    self._db.execute("PRAGMA foreign_keys = ON")
 
     def _journal_mode(self) -> str:
         return str(self._db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
@@ -372,8 +386,8 @@ class SQLiteStore:
             try:
                 db.execute(
                     "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
-                    " labels, created_at, updated_at, isolation, base)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " labels, created_at, updated_at, isolation, base, merge)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         task_id,
                         spec.title,
@@ -387,6 +401,7 @@ class SQLiteStore:
                         now,
                         spec.isolation,
                         spec.base,
+                        spec.merge,
                     ),
                 )
             except sqlite3.IntegrityError as e:
@@ -510,13 +525,13 @@ class SQLiteStore:
         )
 
     def block(self, task_id: str, reason: str) -> Task:
-        allowed = (Status.READY, Status.RUNNING, Status.BLOCKED)
+        allowed = (Status.READY, Status.RUNNING, Status.MERGING, Status.BLOCKED)
         return self._transition(
             task_id, "block", allowed, "status = 'blocked', reason = ?", (reason,)
         )
 
     def cancel(self, task_id: str, reason: str | None) -> Task:
-        allowed = (Status.READY, Status.RUNNING, Status.BLOCKED)
+        allowed = (Status.READY, Status.RUNNING, Status.MERGING, Status.BLOCKED)
         return self._transition(
             task_id,
             "cancel",
@@ -526,12 +541,13 @@ class SQLiteStore:
         )
 
     def retry(self, task_id: str) -> Task:
-        allowed = (Status.READY, Status.BLOCKED, Status.DONE, Status.CANCELLED)
+        allowed = (Status.READY, Status.MERGING, Status.BLOCKED, Status.DONE, Status.CANCELLED)
         return self._transition(
             task_id,
             "retry",
             allowed,
-            "status = 'ready', reason = NULL, finished_at = NULL, failures = 0, noclose = 0",
+            "status = 'ready', reason = NULL, finished_at = NULL, failures = 0, noclose = 0,"
+            " merge_state = NULL, merge_reason = NULL, merged_commit = NULL",
             (),
             idle=True,
         )
@@ -717,6 +733,7 @@ class SQLiteStore:
         status: Status,
         reason: str | None = None,
         count: Count | None = None,
+        ahead: int | None = None,
     ) -> Task:
         now = now_iso()
         final = now if status.final else None
@@ -735,8 +752,8 @@ class SQLiteStore:
                 " tokens_out = CASE WHEN ? IS NULL THEN tokens_out"
                 " ELSE COALESCE(tokens_out, 0) + ? END,"
                 " cost = CASE WHEN ? IS NULL THEN cost ELSE COALESCE(cost, 0) + ? END,"
-                " claimed_by = NULL, lease_until = NULL, updated_at = ?"
-                " WHERE id = ? AND claimed_by = ? RETURNING attempts",
+                " ahead = COALESCE(?, ahead), claimed_by = NULL, lease_until = NULL,"
+                " updated_at = ? WHERE id = ? AND claimed_by = ? RETURNING attempts",
                 (
                     reason,
                     final,
@@ -749,6 +766,7 @@ class SQLiteStore:
                     end.tokens_out,
                     end.cost,
                     end.cost,
+                    ahead,
                     now,
                     task_id,
                     owner,
@@ -774,8 +792,78 @@ class SQLiteStore:
                     row[0],
                 ),
             )
+            if status == Status.MERGING:
+                # The task was closed during the attempt (the agent's own close, usually):
+                # that close is what asks for the merge-back, so it becomes merging too.
+                db.execute(
+                    "UPDATE tasks SET status = 'merging', finished_at = NULL,"
+                    " merge_state = 'pending', merge_reason = NULL, merged_commit = NULL"
+                    " WHERE id = ? AND status IN ('merging', 'done')",
+                    (task_id,),
+                )
             # The agent that asked is gone: nobody is left to receive an answer.
             self._end_pending(db, "task = ?", (task_id,), QuestionStatus.CANCELLED, now)
+            return self._fetch(db, task_id)
+
+    # -- merge-back ----------------------------------------------------------------------------
+
+    def pending_merges(self) -> list[Task]:
+        # Served by the tasks_claim_order index (status first): cheap on every dispatch pass.
+        sql = f"SELECT {TASK_JSON} FROM tasks t WHERE t.status = 'merging' ORDER BY t.seq"
+        with self._read() as db:
+            rows = db.execute(sql).fetchall()
+        return [Task.from_json(json.loads(r[0])) for r in rows]
+
+    def request_merge(
+        self, task_id: str, allowed: tuple[Status, ...], strategy: str | None
+    ) -> Task:
+        with self._write() as db:
+            cond = f"status IN ({','.join('?' * len(allowed))})"
+            row = db.execute(
+                "UPDATE tasks SET status = 'merging', merge = COALESCE(?, merge),"
+                " merge_state = 'pending', merge_reason = NULL, finished_at = NULL,"
+                f" updated_at = ? WHERE id = ? AND {cond} AND claimed_by IS NULL"
+                " AND isolation = 'worktree' AND branch IS NOT NULL RETURNING id",
+                (strategy, now_iso(), task_id, *(s.value for s in allowed)),
+            ).fetchone()
+            if row is None:
+                cur = self._fetch(db, task_id)
+                raise Conflict(f"cannot merge {task_id}: it is {_state_words(cur)}")
+            return self._fetch(db, task_id)
+
+    def record_merge(
+        self,
+        task_id: str,
+        expected: Status,
+        status: Status,
+        mark: MergeMark,
+        reason: str | None = None,
+    ) -> Task:
+        now = now_iso()
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE tasks SET status = ?, merge_state = ?, merge_reason = ?,"
+                " merged_commit = COALESCE(?, merged_commit), ahead = COALESCE(?, ahead),"
+                " reason = COALESCE(?, reason), finished_at = ?, updated_at = ?"
+                " WHERE id = ? AND status = ? AND claimed_by IS NULL RETURNING id",
+                (
+                    status.value,
+                    mark.state,
+                    mark.reason,
+                    mark.commit,
+                    mark.ahead,
+                    reason,
+                    now if status.final else None,
+                    now,
+                    task_id,
+                    expected.value,
+                ),
+            ).fetchone()
+            if row is None:
+                cur = self._fetch(db, task_id)
+                raise Conflict(
+                    f"cannot record the merge-back of {task_id}: it is {_state_words(cur)}"
+                )
             return self._fetch(db, task_id)
 
     # -- questions ---------------------------------------------------------------------------
@@ -922,3 +1010,11 @@ class SQLiteStore:
             " AND q.status = 'pending' ORDER BY q.asked_at DESC, q.id LIMIT 1) WHERE id = ?1",
             (task_id,),
         )
+
+
+def _state_words(task: Task) -> str:
+    if task.claimed_by:
+        return "running"
+    if not task.isolated or task.branch is None:
+        return f"{task.status} and has no branch of its own"
+    return str(task.status)
