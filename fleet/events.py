@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fleet.coders.base import Event, Kind
-from fleet.journal import Journal, Value
+from fleet.journal import Journal, Value, encode
 from fleet.redact import Redactor
 
 MAX_MESSAGE = 64 << 10
@@ -73,6 +73,8 @@ class Sink:
         self.journal = journal
         self.count = 0
         self._raw: tuple[str, str] = ("", "")  # the last raw line and its redacted form
+        # Per event kind, the encoded fields its entries share (ctx is fixed for a Sink's life).
+        self._heads: dict[Kind, bytes] = {}
 
     def _redact_raw(self, raw: str) -> str:
         # A line often yields several events (text and usage, say): redact it once.
@@ -80,10 +82,24 @@ class Sink:
             self._raw = (raw, self.redact(raw))
         return self._raw[1]
 
+    def _head(self, kind: Kind) -> bytes:
+        # These fields depend only on the attempt and the kind: encoded once, not per entry.
+        fields: dict[str, Value] = {
+            "PRIORITY": PRIORITY.get(kind, 6),
+            "SYSLOG_IDENTIFIER": "fleet-run",
+            "FLEET_TASK_ID": self.ctx.task,
+            "FLEET_ATTEMPT": self.ctx.attempt,
+            "FLEET_EVENT": str(kind),
+            "FLEET_CODER": self.ctx.coder,
+        }
+        if self.ctx.model:
+            fields["FLEET_MODEL"] = self.ctx.model
+        head = self._heads[kind] = encode(fields)
+        return head
+
     def emit(self, event: Event, raw: str | None) -> None:
         self.count += 1
         msg = self.redact(message(event))
-        raw = self._redact_raw(raw) if raw is not None and raw != event.text else None
         if self.journal is None:
             obj: dict[str, object] = {"event": str(event.kind), "text": self.redact(event.text)}
             for name in OPTIONAL:
@@ -95,25 +111,14 @@ class Sink:
             sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
             sys.stdout.flush()
             return
-        fields: dict[str, Value] = {
-            "MESSAGE": msg,
-            "PRIORITY": PRIORITY.get(event.kind, 6),
-            "SYSLOG_IDENTIFIER": "fleet-run",
-            "FLEET_TASK_ID": self.ctx.task,
-            "FLEET_ATTEMPT": self.ctx.attempt,
-            "FLEET_EVENT": str(event.kind),
-            "FLEET_CODER": self.ctx.coder,
-            "FLEET_SEQ": self.count,
-        }
-        if self.ctx.model:
-            fields["FLEET_MODEL"] = self.ctx.model
+        fields: dict[str, Value] = {"MESSAGE": msg, "FLEET_SEQ": self.count}
         for name, field in _JOURNAL_NAMES:
             value = getattr(event, name)
             if value is not None:
                 fields[field] = value
-        if raw is not None:
-            fields["FLEET_RAW"] = raw
-        self.journal.send(fields)
+        if raw is not None and raw != event.text:
+            fields["FLEET_RAW"] = self._redact_raw(raw)
+        self.journal.send(fields, self._heads.get(event.kind) or self._head(event.kind))
 
     def lifecycle(self, message_id: str | None, text: str, extra: Mapping[str, Value] = {}) -> None:
         """An entry about the attempt itself (started, ended: explained by the catalog under

@@ -343,6 +343,20 @@ def test_unknown_and_malformed_lines_are_raw() -> None:
     assert coder.parse(odd) == (Event(Kind.RAW, odd),)
 
 
+def test_a_line_reads_as_json_loads_reads_it() -> None:
+    # parse skips json.loads's wrapper when a line is one JSON value and nothing else; any
+    # other line must still read as json.loads has it.
+    coder = ClaudeCoder(CoderSettings())
+    init = '{"type": "system", "subtype": "init", "session_id": "s1"}'
+    for text in (init, f"  {init}", f"{init} ", f"\t{init}\r\n"):
+        assert json.loads(text)
+        assert coder.parse(text) == (Event(Kind.SESSION, "session s1", session="s1"),)
+    for text in (f"{init} x", f"{init}{init}", f"\ufeff{init}", f"{init}]", f"x{init}"):
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(text)
+        assert coder.parse(text) == (Event(Kind.RAW, text),)
+
+
 # ---------------------------------------------------------------------- the command
 
 

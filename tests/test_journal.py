@@ -2,7 +2,9 @@
 
 Every task here runs as fleet-task@ID under the sandbox's systemd, started by fleet-claim.path
 when `fleet add` drops its wake file, exactly as on a server. The checks read the journal
-the way a person would: `journalctl -u fleet-task@ID`, `fleet logs`, `fleet logs -f`.
+the way a person would: `journalctl -u fleet-task@ID`, `fleet logs`, `fleet logs -f`. Two
+checks read the datagrams themselves, from a socket of their own in journald's place: every
+field of an entry exactly as sent, and a journal socket replaced under a running sender.
 """
 
 from __future__ import annotations
@@ -11,9 +13,14 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
+import socket
+import struct
 import subprocess
+import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +28,11 @@ from typing import Any
 
 import pytest
 
-from fleet.events import MAX_MESSAGE, MSG_ENDED, MSG_REFUSED, MSG_STARTED
+from fleet.coders.base import CoderSettings
+from fleet.coders.claude import ClaudeCoder
+from fleet.events import MAX_MESSAGE, MSG_ENDED, MSG_REFUSED, MSG_STARTED, Context, Sink
+from fleet.journal import Journal
+from fleet.redact import MASK, Redactor
 from tests import sandbox
 from tests.conftest import fleet_exe
 from tests.sandbox import PATH, Sandbox
@@ -291,6 +302,141 @@ def test_secrets_never_reach_the_journal(fleet: Fleet) -> None:
         if any(secret in text(value) for secret in secrets)
     ]
     assert leaks == []
+
+
+def fields_of(datagram: bytes) -> dict[str, str]:
+    """An entry in journald's native protocol (`KEY=value` lines, or `KEY`, a 64-bit length
+    and the value for values with newlines), read back."""
+    fields: dict[str, str] = {}
+    at = 0
+    while at < len(datagram):
+        end = datagram.index(b"\n", at)
+        line = datagram[at:end]
+        if b"=" in line:
+            key, _, value = line.partition(b"=")
+            at = end + 1
+        else:
+            key, (size,) = line, struct.unpack("<Q", datagram[end + 1 : end + 9])
+            value = datagram[end + 9 : end + 9 + size]
+            at = end + 10 + size
+        assert key.decode() not in fields, key
+        fields[key.decode()] = value.decode()
+    return fields
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, socket.socket]]:
+    """A datagram socket standing in for journald's (a short path: AF_UNIX allows 108 bytes)."""
+    directory = tempfile.mkdtemp(prefix="fleet-j-", dir="/tmp")
+    path = os.path.join(directory, "socket")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(DEADLINE)
+    yield path, sock
+    sock.close()
+    shutil.rmtree(directory)
+
+
+def test_each_entry_has_every_field_and_no_secret(listener: tuple[str, socket.socket]) -> None:
+    # Secrets that only parsing reveals must be masked in what parsing made of them: a key
+    # behind a JSON escape, a bearer token whose space was an escaped newline (tool inputs are
+    # shown on one line), a configured value.
+    path, sock = listener
+    key = "sk-ant-api03-Zx9Qw8Er7Ty6Ui5Op4As3Df2Gh1Jk0_Lz-XcVbNm"
+    configured = "hunter2 correct"
+    call = {
+        "type": "tool_use",
+        "id": "t1",
+        "name": "Bash",
+        "input": {"command": "Bearer\nab.cdefgh"},
+    }
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": f"pw {configured}"}
+    text = {"type": "text", "text": f"the key: {key}"}
+    usage = {"input_tokens": 5}
+    lines = [
+        json.dumps({"type": "assistant", "message": {"id": "m1", "content": [call]}}),
+        json.dumps({"type": "user", "message": {"content": [result]}}),
+        json.dumps(
+            {"type": "assistant", "message": {"id": "m2", "content": [text], "usage": usage}}
+        ).replace(key, "\\u0073" + key[1:]),
+    ]
+    assert key not in lines[2] and "Bearer " not in lines[0]
+    # The raw line too: masked as it reads with the escape spelled plainly.
+    hidden = lines[2].replace("\\u0073" + key[1:], MASK)
+    assert hidden != lines[2]
+    journal = Journal(path)
+    sink = Sink(Context("fl-x", 2, "claude", "opus"), Redactor([configured]), journal)
+    coder = ClaudeCoder(CoderSettings())
+    for line in lines:
+        for event in coder.parse(line):
+            sink.emit(event, line)
+    journal.close()
+    got = [fields_of(sock.recv(1 << 16)) for _ in range(4)]
+    common = {
+        "PRIORITY": "6",
+        "SYSLOG_IDENTIFIER": "fleet-run",
+        "FLEET_TASK_ID": "fl-x",
+        "FLEET_ATTEMPT": "2",
+        "FLEET_CODER": "claude",
+        "FLEET_MODEL": "opus",
+    }
+    assert got == [
+        {
+            **common,
+            "FLEET_EVENT": "tool_call",
+            "FLEET_SEQ": "1",
+            "MESSAGE": f"→ Bash: Bearer {MASK}",
+            "FLEET_TOOL": "Bash",
+            "FLEET_RAW": lines[0],
+        },
+        {
+            **common,
+            "FLEET_EVENT": "tool_result",
+            "FLEET_SEQ": "2",
+            "MESSAGE": f"← pw {MASK}",
+            "FLEET_TOOL": "Bash",
+            "FLEET_RAW": lines[1].replace(configured, MASK),
+        },
+        {
+            **common,
+            "FLEET_EVENT": "text",
+            "FLEET_SEQ": "3",
+            "MESSAGE": f"the key: {MASK}",
+            "FLEET_RAW": hidden,
+        },
+        {
+            **common,
+            "FLEET_EVENT": "usage",
+            "FLEET_SEQ": "4",
+            "MESSAGE": "tokens in 5 out 0",
+            "FLEET_TOKENS_IN": "5",
+            "FLEET_TOKENS_OUT": "0",
+            "FLEET_CONTEXT": "5",
+            "FLEET_RAW": hidden,
+        },
+    ]
+
+
+def test_a_replaced_journal_socket_is_found_again(listener: tuple[str, socket.socket]) -> None:
+    path, first = listener
+    journal = Journal(path)
+    journal.send({"MESSAGE": "one"})
+    assert fields_of(first.recv(1 << 16)) == {"MESSAGE": "one"}
+    first.close()
+    os.unlink(path)
+    with pytest.raises(FileNotFoundError):  # as when journald's socket is gone
+        journal.send({"MESSAGE": "lost"})
+    second = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    second.bind(path)
+    second.settimeout(DEADLINE)
+    with second:
+        journal.send({"MESSAGE": "two", "FLEET_SEQ": 2}, b"PRIORITY=6\n")
+        assert fields_of(second.recv(1 << 16)) == {
+            "PRIORITY": "6",
+            "MESSAGE": "two",
+            "FLEET_SEQ": "2",
+        }
+    journal.close()
 
 
 def test_fleet_logs_shows_every_attempt(fleet: Fleet) -> None:

@@ -85,6 +85,7 @@ SIGNAL_EXITS = frozenset(
 # Linux refuses a single argument over 128 KiB (MAX_ARG_STRLEN); a longer prompt is passed as
 # a pointer to the prompt file instead.
 PROMPT_ARG_MAX = 100_000
+_DECODE = json.JSONDecoder().raw_decode
 INPUT_KEYS = ("command", "file_path", "path", "pattern", "url", "query", "description", "prompt")
 
 
@@ -132,10 +133,26 @@ def _input_summary(value: object) -> str:
 
 def _input_tokens(usage: Mapping[str, Any], camel: bool = False) -> int:
     if camel:
-        keys = ("inputTokens", "cacheCreationInputTokens", "cacheReadInputTokens")
-    else:
-        keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    return sum(_int(usage.get(k)) for k in keys)
+        return (
+            _int(usage.get("inputTokens"))
+            + _int(usage.get("cacheCreationInputTokens"))
+            + _int(usage.get("cacheReadInputTokens"))
+        )
+    return (
+        _int(usage.get("input_tokens"))
+        + _int(usage.get("cache_creation_input_tokens"))
+        + _int(usage.get("cache_read_input_tokens"))
+    )
+
+
+def _json(line: str) -> Any:
+    """`json.loads(line)`, without its wrapper's cost when the line is one JSON value and no
+    more, as every line of the stream is (anything else goes through `json.loads` itself)."""
+    try:
+        value, end = _DECODE(line)
+    except ValueError:
+        return json.loads(line)
+    return value if end == len(line) else json.loads(line)
 
 
 def _epoch(value: object) -> float | None:
@@ -222,7 +239,7 @@ class ClaudeCoder(Coder):
 
     def parse(self, line: str) -> Sequence[Event]:
         try:
-            obj = json.loads(line)
+            obj = _json(line)
         except (ValueError, RecursionError):
             return (Event(Kind.RAW, line),)
         if not isinstance(obj, dict):
@@ -301,9 +318,12 @@ class ClaudeCoder(Coder):
         events = []
         for block in content if isinstance(content, list) else []:
             block = _dict(block)
-            if block.get("type") == "text" and _str(block.get("text")).strip():
-                events.append(Event(Kind.TEXT, _str(block.get("text"))))
-            elif block.get("type") == "tool_use":
+            kind = block.get("type")
+            if kind == "text":
+                text = _str(block.get("text"))
+                if text.strip():
+                    events.append(Event(Kind.TEXT, text))
+            elif kind == "tool_use":
                 name = _str(block.get("name")) or "tool"
                 self._tools[_str(block.get("id"))] = name
                 events.append(Event(Kind.TOOL_CALL, _input_summary(block.get("input")), tool=name))

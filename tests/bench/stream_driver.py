@@ -28,8 +28,8 @@ CODERS = ("claude", "codex", "opencode", "gemini")
 class Unsent:
     """A journal that encodes each entry as Journal.send does, and sends nothing."""
 
-    def send(self, fields: dict[str, Value]) -> None:
-        encode(fields)
+    def send(self, fields: dict[str, Value], head: bytes = b"") -> None:
+        encode(fields, head)
 
 
 def main() -> int:
