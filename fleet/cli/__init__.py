@@ -13,6 +13,7 @@ from fleet.cli import (  # noqa: F401  (they register commands)
     logs,
     questions,
     setup,
+    suspend,
 )
 from fleet.cli.app import cli, run
 
