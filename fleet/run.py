@@ -490,7 +490,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     prompt = taskdir.compose_prompt(
         task, artifacts, previous, paths.config_file.parent, workdir=workdir
     )
-    plan = resumption(store, task, coder, coder_name, previous)
+    plan = resumption(store, task, coder_name, previous)
     resume = plan.session if plan and coder.resumes else None
     fresh = prompt + ("\n" + plan.fresh_note if plan else "")
     spec = RunSpec(
@@ -600,7 +600,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
 
 
 def resumption(
-    store: Store, task: Task, coder: Coder, coder_name: str, previous: str | None
+    store: Store, task: Task, coder_name: str, previous: str | None
 ) -> checkpoints.Resumption | None:
     """What this attempt starts from: the checkpoint `fleet resume` named (its session, where
     the coder can resume it), or after a context-pressure stop the newest checkpoint, always in
