@@ -13,13 +13,18 @@ from pathlib import Path
 import pytest
 
 from fleet import checkpoints
+from fleet.coders.base import CoderSettings, RunSpec, Tally
+from fleet.coders.claude import ClaudeCoder
+from fleet.coders.codex import CodexCoder
+from fleet.coders.gemini import GeminiCoder
+from fleet.coders.opencode import OpencodeCoder
 from fleet.config import load
 from fleet.model import AttemptEnd, QuestionKind, Status
 from fleet.paths import resolve
 from fleet.reap import classify, policy
 from fleet.store import open_store
 from fleet.store.schema import MIGRATIONS, VERSION
-from tests.conftest import Fleet, run_fleet
+from tests.conftest import ROOT, Fleet, run_fleet
 from tests.conftest import fleet_run as run
 from tests.test_worktree import git, make_repo
 
@@ -248,3 +253,39 @@ def test_a_context_pressure_restart_starts_from_the_newest_checkpoint(
     assert "filled its context window" in prompt  # the usual note, then the checkpoint
     assert "restarted from checkpoint 2" in prompt and "parser done; next: the printer" in prompt
     assert "old news" not in prompt and "is now resumed" not in prompt
+
+
+def spec_resuming(tmp_path: Path) -> RunSpec:
+    return RunSpec(
+        "fl-abc123", 2, "t", "d", str(tmp_path), None, tmp_path, tmp_path, "go on",
+        tmp_path / "prompt.md", resume="SID",
+    )  # fmt: skip
+
+
+def test_each_coder_resumes_its_own_session(tmp_path: Path) -> None:
+    run_spec = spec_resuming(tmp_path)
+    claude = ClaudeCoder(CoderSettings()).argv(run_spec)
+    assert claude[-4:] == ["--resume", "SID", "--", "go on"]
+    codex = CodexCoder(CoderSettings()).argv(run_spec)
+    assert codex[1:3] == ["exec", "resume"] and "-C" not in codex  # `exec resume` has no -C
+    assert codex[-3:] == ["--", "SID", "go on"]
+    opencode = OpencodeCoder(CoderSettings()).argv(run_spec)
+    assert opencode[-2:] == ["--session", "SID"]
+    assert opencode[opencode.index("--dir") + 1] == str(tmp_path)  # the same --dir, or it hangs
+    assert GeminiCoder(CoderSettings()).argv(run_spec)[-2:] == ["--resume", "SID"]
+    assert all(c.resumes for c in (ClaudeCoder, CodexCoder, OpencodeCoder, GeminiCoder))
+
+
+@pytest.mark.parametrize(
+    ("stream", "gone"),
+    [("claude_resume_wrong_cwd_error.jsonl", True), ("claude_resume.jsonl", False)],
+)
+def test_a_session_that_cannot_be_resumed_is_told_apart(stream: str, gone: bool) -> None:
+    """Claude Code's answer to `--resume` of a session it does not have (recorded): an error
+    result before any session starts, exit 1; a resumed session starts and works."""
+    coder = ClaudeCoder(CoderSettings())
+    tally = Tally()
+    for line in (ROOT / "tests" / "fixtures" / "streams" / stream).read_text().splitlines():
+        for event in coder.parse(line):
+            tally.add(event)
+    assert coder.resume_failed(1 if gone else 0, tally) is gone
