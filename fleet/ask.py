@@ -43,6 +43,7 @@ These tools connect you to the person who gave you this task, and to fleet, the 
 it. Ask with ask_human only when you cannot reasonably decide yourself (a real ambiguity, a
 risky or irreversible step, missing access); the task waits, and a person is notified. When
 the work is finished call task_done; when you cannot go on without a person call task_blocked.
+Record a checkpoint (with a summary a fresh session could continue from) at milestones.
 """
 
 ASK = """\
@@ -81,6 +82,19 @@ BLOCKED = """\
 Mark this task as blocked: you cannot finish it without a person (missing access, a decision
 nobody answered, a failure outside your control). Give the reason a person needs in order to
 unblock it; then end your turn. Equivalent to `fleet block $FLEET_TASK_ID --reason REASON`.
+"""
+
+
+CHECKPOINT = """\
+Record a checkpoint of this task: fleet saves your work in progress in git (a ref of its own;
+your files, branch and staging area stay exactly as they are), your session, and the summary
+you give. If the task is suspended, or restarted in a fresh context, the next session starts
+from the newest checkpoint: a fresh one sees only your summary, so make it complete.
+
+Call it after a milestone, before a long or risky step, and when your context is getting long.
+The summary should say what is done (and verified), what is in progress and how far, the
+decisions you made and why, what you learned that is not written down anywhere else, and the
+next concrete steps. It does not end your turn: carry on with the work.
 """
 
 
@@ -283,6 +297,14 @@ class Asker:
         assert task.status == Status.BLOCKED
         return f"{task.id} is now blocked; a person will look at it. End your turn now."
 
+    def checkpoint(self, summary: str) -> str:
+        from fleet import checkpoints
+
+        text = self.redact(checkpoints.check_summary(summary))
+        cp = checkpoints.take(self.store, self.task_id, "agent", text, "fleet-ask")
+        where = f"your work in progress is at {cp.ref}" if cp.ref else f"no git ref ({cp.note})"
+        return f"Checkpoint {cp.n} recorded; {where}. Carry on with the task."
+
     def cancel_mine(self) -> None:
         """At exit: questions of calls still open are cancelled, never left pending."""
         for qid in list(self.asked):
@@ -342,6 +364,16 @@ def server(asker: Asker) -> MCPServer:
     ) -> str:
         with for_the_agent():
             return asker.block(reason)
+
+    @app.tool(description=CHECKPOINT, structured_output=False)
+    def checkpoint(
+        summary: Annotated[
+            str,
+            Field(description="Done, in progress, decisions, findings and next steps."),
+        ],
+    ) -> str:
+        with for_the_agent():
+            return asker.checkpoint(summary)
 
     return app
 

@@ -61,8 +61,8 @@ def reap(task_id: str) -> None:
 @click.command("fleet-ask", context_settings=_SETTINGS)
 def ask() -> None:
     """Serve the agent's tools for task $FLEET_TASK_ID as an MCP server on standard input and
-    output: ask_human (ask a person and wait for the answer), notify_human, task_done and
-    task_blocked.
+    output: ask_human (ask a person and wait for the answer), notify_human, task_done,
+    task_blocked and checkpoint (the work in progress, session and a summary to resume from).
 
     fleet-run configures every coder to start it; it is not meant to be run by hand, except by
     an MCP client (for example an MCP inspector) with FLEET_TASK_ID of a running task.

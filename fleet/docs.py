@@ -31,7 +31,7 @@ from fleet.cli import cli
 from fleet.cli.app import TaskRef
 from fleet.commands import PROGRAMS
 from fleet.errors import EXIT_CODES, ConfigError
-from fleet.model import ATTEMPT_FIELDS, TASK_FIELDS, Field
+from fleet.model import ATTEMPT_FIELDS, CHECKPOINT_FIELDS, TASK_FIELDS, Field
 from fleet.paths import resolve
 from fleet.settings import BUILTIN_CODERS, CODER_SETTINGS, SETTINGS, Setting, template
 
@@ -429,6 +429,10 @@ def json_output(root: click.Context) -> list[str]:
         f"{bold('fleet show --json')} adds {bold('attempt_log')}, a list of attempt objects, one"
         " per attempt, oldest first. An attempt object has these fields:",
         *field_list(ATTEMPT_FIELDS),
+        ".PP",
+        f"{bold('fleet checkpoints --json')} lists checkpoint objects, oldest first, and"
+        f" {bold('fleet checkpoint --json')} prints the one it took:",
+        *field_list(CHECKPOINT_FIELDS),
     ]
 
 

@@ -21,6 +21,7 @@ class Status(enum.StrEnum):
     BLOCKED = "blocked"  # needs a person: retry limit reached, or blocked by hand or by the agent
     DONE = "done"  # closed as finished
     CANCELLED = "cancelled"  # withdrawn; never runs again unless retried
+    SUSPENDED = "suspended"  # checkpointed and stopped by a person; never claimed until resumed
 
     @property
     def final(self) -> bool:
@@ -68,8 +69,8 @@ TASK_FIELDS: tuple[Field, ...] = (
     Field(
         "status",
         "text",
-        "ready, running, merging (finished, its branch waits to be merged back), blocked, done"
-        " or cancelled",
+        "ready, running, merging (finished, its branch waits to be merged back), blocked, done,"
+        " cancelled or suspended",
     ),
     Field("priority", "int", "0 (highest) to 4 (lowest)"),
     Field("cwd", "text", "absolute project directory the agent works in"),
@@ -121,6 +122,11 @@ TASK_FIELDS: tuple[Field, ...] = (
         "int",
         "commits on the task's branch that its base has not, as counted when an attempt or a"
         " merge-back last ended; null before",
+    ),
+    Field(
+        "resume_from",
+        "int",
+        "the checkpoint the next attempt resumes from (set by `fleet resume ID`), or null",
     ),
 )
 
@@ -175,6 +181,7 @@ class Task(NamedTuple):
     merge_reason: str | None
     merged_commit: str | None
     ahead: int | None
+    resume_from: int | None
 
     @property
     def isolated(self) -> bool:
@@ -339,3 +346,54 @@ class MergeMark(NamedTuple):
     reason: str | None = None  # why it waits or failed, or what it left behind
     commit: str | None = None  # the commit the base branch now points at (merged)
     ahead: int | None = None  # the branch's commits its base has not, None: unchanged
+
+
+CHECKPOINT_FIELDS: tuple[Field, ...] = (
+    Field("task", "text", "task id"),
+    Field("n", "int", "checkpoint number within the task, from 1"),
+    Field("attempt", "int", "the attempt it was taken in (0: before the first one)"),
+    Field("created_at", "text", "UTC ISO 8601 time it was taken"),
+    Field("by", "text", "who took it: `agent`, or the person (user@host)"),
+    Field("summary", "text", "the context summary: where the work stands and what comes next"),
+    Field("ref", "text", "the git ref holding the work in progress, or null (see note)"),
+    Field("commit", "text", "the commit that ref points at, or null"),
+    Field("repo", "text", "the git work tree the ref was made in, or null"),
+    Field("note", "text", "why there is no ref (no git repository, git failed), or null"),
+    Field("coder", "text", "the coder whose session it records, or null"),
+    Field("session_id", "text", "the coder's session id of the attempt, or null"),
+    Field("questions", "list", "ids of the task's questions that were pending"),
+)
+
+
+class Checkpoint(NamedTuple):
+    task: str
+    n: int
+    attempt: int
+    created_at: str
+    by: str
+    summary: str
+    ref: str | None
+    commit: str | None
+    repo: str | None
+    note: str | None
+    coder: str | None
+    session_id: str | None
+    questions: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Checkpoint:
+        return cls(**_values(CHECKPOINT_FIELDS, obj))
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(CHECKPOINT_FIELDS, self)
+
+
+class CheckpointSpec(NamedTuple):
+    """What a checkpoint records, before the store numbers it."""
+
+    by: str
+    summary: str
+    ref_prefix: str | None = None  # the ref is this plus the number; None: no ref
+    commit: str | None = None
+    repo: str | None = None
+    note: str | None = None

@@ -3,13 +3,13 @@
 Run as the unit's ExecStopPost, it reads the runner's outcome file (only if it belongs to this
 invocation and attempt), systemd's $SERVICE_RESULT / $EXIT_CODE / $EXIT_STATUS and the cgroup's
 OOM counter. The classification is one of OUTCOMES; the policy maps it to the task's next
-state with the retry and no-close limits. A person's close, block or cancel during the attempt
-always stands. A runner that died without an outcome (SIGKILL) could not commit its agent's
-work in a task's worktree, so that is committed here first. A worktree task whose attempt
-succeeded is not done yet: it goes to `merging`, and its branch is merged back here and now
-(fleet.merge), leaving it done, blocked, or merging still (retried by every dispatch pass). Then
-it wakes fleet-claim, since a slot is free, and when the task is left blocked (other than by a
-person's kill) it notifies a person through fleet.alerts.
+state with the retry and no-close limits. A person's close, block, cancel or suspend during the
+attempt always stands (a suspended attempt counts as nothing). A runner that died without an
+outcome (SIGKILL) could not commit its agent's work in a task's worktree, so that is committed
+here first. A worktree task whose attempt succeeded is not done yet: it goes to `merging`, and
+its branch is merged back here and now (fleet.merge), leaving it done, blocked, or merging still
+(retried by every dispatch pass). Then it wakes fleet-claim, since a slot is free, and when the
+task is left blocked (other than by a person's kill) it notifies a person through fleet.alerts.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ OUTCOMES = (
     "interrupted",  # stopped by a shutdown, not by a person: requeued without counting
     "rate-limited",  # the provider refused: requeued, the coder held back until its reset
     "context-pressure",  # fleet stopped it at context_pressure_pct: requeued, fresh context
+    "suspended",  # a person suspended the task: it stays suspended until resumed, no count
 )
 REQUEUED = ("interrupted", "rate-limited", "context-pressure")
 FAILURES = ("failure", "timeout", "oom", "watchdog", "lost")
@@ -110,6 +111,9 @@ def classify(
     task: Task, found: outcome_file.Outcome | None, service: Service | None
 ) -> tuple[str, str]:
     """(outcome, reason) for the attempt that just ended."""
+    if task.status == Status.SUSPENDED:
+        # Suspended while it ran: however the stop ended it, that was the person's doing.
+        return "suspended", task.reason or "suspended"
     if service is not None:
         if service.result == "watchdog":
             return "watchdog", "the runner stopped answering the watchdog"
@@ -138,6 +142,8 @@ def policy(task: Task, kind: str, reason: str, config: Config) -> tuple[Status, 
         return Status.DONE, task.reason or reason or None
     if kind == "killed":
         return Status.BLOCKED, f"stopped by a person ({reason})"
+    if kind == "suspended":  # `finish` keeps the status a person set during the attempt
+        return Status.SUSPENDED, reason
     if kind in REQUEUED:
         return Status.READY, f"{kind}: {reason}"
     if kind == "noclose":

@@ -11,6 +11,7 @@ stdout, a pidfd, inotify and the signal pipe, so a silent agent costs no CPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import selectors
 import signal
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet import coders, ids, outcome, questions, taskdir, worktree
+from fleet import checkpoints, coders, ids, outcome, questions, taskdir, worktree
 from fleet.coders.base import Coder, Event, Kind, RunSpec, Tally, Verdict
 from fleet.config import Config, load
 from fleet.errors import Conflict, FleetError, InputError
@@ -128,6 +129,7 @@ class Attempt:
     asking: str | None = None  # "q-…: the question" while the agent waits for a person
     stopped_by: str | None = None
     kill_at: float | None = None
+    recorded: str | None = None  # the session id noted on the attempt's row
     _partial: bytearray = field(default_factory=bytearray)
     _skipping: bool = False
 
@@ -184,6 +186,10 @@ class Attempt:
             self.sink.emit(event, text)
             if event.kind == Kind.RATE_LIMIT:
                 self.rate_limit(event)
+            if event.kind == Kind.SESSION and event.session and event.session != self.recorded:
+                # A checkpoint taken while the attempt runs names this session.
+                self.store.record_session(self.task.id, self.me, self.task.attempts, event.session)
+                self.recorded = event.session
         if self.limits.pressure(self.tally.context):
             self.stop(PRESSURE)
 
@@ -484,6 +490,9 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     prompt = taskdir.compose_prompt(
         task, artifacts, previous, paths.config_file.parent, workdir=workdir
     )
+    plan = resumption(store, task, coder_name, previous)
+    resume = plan.session if plan and coder.resumes else None
+    fresh = prompt + ("\n" + plan.fresh_note if plan else "")
     spec = RunSpec(
         task.id,
         task.attempts,
@@ -493,53 +502,81 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         task.model,
         directory,
         artifacts,
-        prompt,
-        taskdir.write_prompt(directory, prompt),
+        plan.resumed_prompt if resume and plan else fresh,
+        taskdir.write_prompt(directory, plan.resumed_prompt if resume and plan else fresh),
+        resume=resume,
     )
     bindir = os.path.dirname(program("fleet"))
-    env = child_env(
-        {
-            **coder.environ(spec),
-            "FLEET_TASK_ID": task.id,
-            "FLEET_TASK_DIR": str(directory),
-            "FLEET_ARTIFACT_DIR": str(artifacts),
-            "FLEET_HOME": str(paths.home),
-            "PATH": bindir + os.pathsep + os.environ.get("PATH", os.defpath),
-        }
-    )
-    argv = coder.argv(spec)
-    try:
-        coder.prepare(spec)
-        proc = subprocess.Popen(
-            argv,
-            cwd=workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
+
+    def launch(coder: Coder, spec: RunSpec) -> tuple[Attempt, int] | int:
+        """Run the coder once: (its run, exit status), or the attempt's exit code if it could
+        not start."""
+        env = child_env(
+            {
+                **coder.environ(spec),
+                "FLEET_TASK_ID": task.id,
+                "FLEET_TASK_DIR": str(directory),
+                "FLEET_ARTIFACT_DIR": str(artifacts),
+                "FLEET_HOME": str(paths.home),
+                "PATH": bindir + os.pathsep + os.environ.get("PATH", os.defpath),
+            }
         )
-    except OSError as e:
-        notifier.ready("not started")
-        return finish("error", f"cannot start {argv[0]}: {e.strerror}", None, Tally())
-    run = Attempt(
-        task,
-        coder,
-        sink,
-        notifier,
-        store,
-        me,
-        float(config.get_int("lease_seconds")),
-        float(config.get_int("stop_grace_seconds")),
-        proc.pid,
-        Limits.of(config, coder, coder.model(spec)),
-    )
-    sink.lifecycle(
-        MSG_STARTED,
-        f"attempt {task.attempts} started: {coder_name} in {workdir} (pid {proc.pid})",
-        {"FLEET_PID": proc.pid},
-    )
-    notifier.ready(run.status_line())
-    rc = loop(run, proc, directory)
+        argv = coder.argv(spec)
+        try:
+            coder.prepare(spec)
+            proc = subprocess.Popen(
+                argv,
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as e:
+            notifier.ready("not started")
+            return finish("error", f"cannot start {argv[0]}: {e.strerror}", None, Tally())
+        run = Attempt(
+            task,
+            coder,
+            sink,
+            notifier,
+            store,
+            me,
+            float(config.get_int("lease_seconds")),
+            float(config.get_int("stop_grace_seconds")),
+            proc.pid,
+            Limits.of(config, coder, coder.model(spec)),
+        )
+        how = f", resuming session {spec.resume}" if spec.resume else ""
+        sink.lifecycle(
+            MSG_STARTED,
+            f"attempt {task.attempts} started: {coder_name} in {workdir} (pid {proc.pid}){how}",
+            {"FLEET_PID": proc.pid},
+        )
+        notifier.ready(run.status_line())
+        return run, loop(run, proc, directory)
+
+    ran = launch(coder, spec)
+    if isinstance(ran, int):
+        return ran
+    run, rc = ran
+    if plan and spec.resume and run.stopped_by is None and coder.resume_failed(rc, run.tally):
+        # The session is gone (deleted, or its CLI's store was reset): the same attempt goes
+        # on in a fresh session that reads the checkpoint's summary instead; it is no failure.
+        why = run.tally.last_error or f"exit status {rc}"
+        sink.lifecycle(
+            None,
+            f"session {spec.resume} could not be resumed ({why}); starting a fresh session"
+            f" from checkpoint {plan.checkpoint.n}",
+        )
+        coder = coders.get(config, coder_name)
+        spec = dataclasses.replace(
+            spec, prompt=fresh, prompt_file=taskdir.write_prompt(directory, fresh), resume=None
+        )
+        ran = launch(coder, spec)
+        if isinstance(ran, int):
+            return ran
+        run, rc = ran
     if place is not None:
         # Also while stopping: the commit may take longer than what is left of TimeoutStopSec=.
         notifier.send(watchdog=1, extend_timeout_usec=GIT_GRACE_USEC)
@@ -560,3 +597,25 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         closes_on_success=coder.closes_on_success,
         resets_at=run.tally.resets_at,
     )
+
+
+def resumption(
+    store: Store, task: Task, coder_name: str, previous: str | None
+) -> checkpoints.Resumption | None:
+    """What this attempt starts from: the checkpoint `fleet resume` named (its session, where
+    the coder can resume it), or after a context-pressure stop the newest checkpoint, always in
+    a fresh session (the old one is the full context being left behind); else nothing."""
+    if task.resume_from is not None:
+        why, cp = "resumed", store.checkpoint(task.id, task.resume_from)
+    elif previous == PRESSURE:
+        taken = store.checkpoints(task.id)
+        if not taken:
+            return None
+        why, cp = "restarted", taken[-1]
+    else:
+        return None
+    asked = []
+    for qid in cp.questions:
+        with contextlib.suppress(FleetError):
+            asked.append(store.question(qid).text)
+    return checkpoints.plan(cp, coder_name, asked, why)

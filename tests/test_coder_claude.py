@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from fleet.audit import MSG_CHECKPOINTED, MSG_RESUMED, MSG_SUSPENDED
 from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.coders.claude import MCP_FILE, MCP_TIMEOUT_MS, TMP_DIR, ClaudeCoder
 from fleet.timeutil import parse
@@ -48,7 +49,8 @@ STREAMS = ROOT / "tests" / "fixtures" / "streams"
 BIN = os.path.dirname(fleet_exe())
 DEADLINE = 60.0
 PER_CALL_IN = sum(anthropic.USAGE.values())  # 1800: uncached + cache writes + cache reads
-FLEET_TOOLS = ("ask_human", "notify_human", "task_blocked", "task_done")
+FLEET_TOOLS = ("ask_human", "notify_human", "task_blocked", "task_done", "checkpoint")
+PERSON = f"root@{socket.gethostname()}"  # who runs `fleet` in the sandbox
 
 
 # ---------------------------------------------------------------------- recorded streams
@@ -945,3 +947,96 @@ def test_a_rate_limited_task_runs_again_after_the_reset(oauth_box: Box, server: 
     # pass comes 10 s after setup, every 30 s after that).
     journal = oauth_box.box.run("journalctl", "-u", "fleet-wake-claude.timer", "-o", "cat")
     assert "fleet-wake-claude" in journal.stdout
+
+
+def suspended_at_work(box: Box, key: str) -> str:
+    """A task whose agent wrote a file, checkpointed through fleet-ask and started a long tool,
+    suspended by a person with `fleet suspend`."""
+    git = ["git", "-C", str(box.project), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True, timeout=30)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "start"], check=True, timeout=30)
+    task_id = box.add(f"FLEET-SCENARIO:suspend:{key}")
+    box.box.wait_for(lambda: box.tool_pids("time.sleep.300") != "", 60, "the long tool")
+    (mine,) = json.loads(box("checkpoints", task_id, "--json").stdout)
+    assert (mine["n"], mine["by"], mine["summary"]) == (1, "agent", anthropic.CHECKPOINT_SUMMARY)
+    assert mine["ref"] == f"refs/fleet/{task_id}/checkpoints/1" and mine["session_id"]
+    # The work in progress is on the ref (the agent committed nothing).
+    shown = subprocess.run(
+        [*git, "show", f"{mine['ref']}:suspended_out.txt"], capture_output=True, text=True
+    )
+    assert shown.stdout == "before\n", shown.stderr
+    assert box("suspend", task_id, "-s", "suspended for the test").stdout == "2\n"
+    assert box.tool_pids("time.sleep.300") == ""
+    task = box.show(task_id)
+    assert (task["status"], task["failures"], task["claimed_by"]) == ("suspended", 0, None)
+    assert [a["outcome"] for a in task["attempt_log"]] == ["suspended"]
+    # Never claimed while suspended, however often fleet-claim runs.
+    claim = box.box.run(f"{BIN}/fleet-claim", env={"FLEET_HOME": str(box.home)})
+    assert claim.stdout.startswith("started 0;") and box.show(task_id)["status"] == "suspended"
+    return task_id
+
+
+def test_a_suspended_session_resumes_with_its_history(box: Box, server: Server) -> None:
+    key = uuid.uuid4().hex
+    task_id = suspended_at_work(box, key)
+    first, second = json.loads(box("checkpoints", task_id, "--json").stdout)
+    assert second["session_id"] == first["session_id"]
+    assert (second["by"], second["summary"]) == (PERSON, "suspended for the test")
+    calls_before = len(server.calls(key))
+    assert box("resume", task_id).stdout == f"{task_id}\n"
+    assert box.wait(task_id) == 0
+    task = box.show(task_id)
+    assert (task["status"], task["reason"], task["resume_from"]) == (
+        "done",
+        "resumed-history-ok",
+        None,
+    )
+    suspended, resumed = task["attempt_log"]
+    assert (suspended["outcome"], resumed["outcome"]) == ("suspended", "success")
+    assert resumed["session_id"] == suspended["session_id"] == first["session_id"]
+    # The resumed conversation, as the server received it: every earlier turn, then fleet's
+    # message naming the checkpoint.
+    after = server.calls(key)[calls_before]
+    assert anthropic.SUSPEND_WRITE in anthropic.commands(after)
+    assert anthropic.CHECKPOINT_TOOL in anthropic.called(after)
+    assert anthropic.HANG_COMMAND in anthropic.commands(after)
+    assert f"{anthropic.RESUMED_MARK} 2" in anthropic.user_text(after)
+    assert "suspended for the test" in anthropic.user_text(after)
+    # The trail: the agent's checkpoint, the person's, the suspension and the resumption.
+    trail = box.box.journal(f"FLEET_TASK_ID={task_id}", "FLEET_EVENT=audit")
+    assert [(e["FLEET_ACTION"], e["FLEET_CHECKPOINT"]) for e in trail] == [
+        ("checkpointed", "1"),
+        ("checkpointed", "2"),
+        ("suspended", "2"),
+        ("resumed", "2"),
+    ]
+    assert trail[0]["FLEET_BY"] == "agent" and trail[0]["SYSLOG_IDENTIFIER"] == "fleet-ask"
+    assert [e["MESSAGE_ID"] for e in trail] == [
+        MSG_CHECKPOINTED,
+        MSG_CHECKPOINTED,
+        MSG_SUSPENDED,
+        MSG_RESUMED,
+    ]
+    assert all(e["FLEET_BY"] == PERSON for e in trail[1:])
+
+
+def test_a_resume_whose_session_is_gone_starts_afresh_from_the_summary(
+    box: Box, server: Server, tmp_path: Path
+) -> None:
+    key = uuid.uuid4().hex
+    task_id = suspended_at_work(box, key)
+    session = box.show(task_id)["attempt_log"][0]["session_id"]
+    (transcript,) = (tmp_path / "claude-home" / ".claude" / "projects").glob(f"*/{session}.jsonl")
+    transcript.unlink()
+    calls_before = len(server.calls(key))
+    box("resume", task_id, "--from", "1")
+    assert box.wait(task_id) == 0
+    task = box.show(task_id)
+    assert (task["status"], task["reason"]) == ("done", "fresh-summary-ok")
+    # One attempt: the failed resume and the fresh session, no failure counted.
+    assert [a["outcome"] for a in task["attempt_log"]] == ["suspended", "success"]
+    assert task["failures"] == 0 and task["attempt_log"][1]["session_id"] != session
+    fresh = server.calls(key)[calls_before]
+    assert anthropic.commands(fresh) == [] and anthropic.CHECKPOINT_SUMMARY in json.dumps(fresh)
+    journal = box.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
+    assert f"session {session} could not be resumed" in journal

@@ -580,6 +580,7 @@ def test_codex_writes_a_file_and_closes_its_task(
     for body in bodies:
         assert openai_responses.namespaces(body)["mcp__fleet"] == [
             "ask_human",
+            "checkpoint",
             "notify_human",
             "task_blocked",
             "task_done",

@@ -114,6 +114,8 @@ MODULES = {
     "answer": "questions",
     "block": "change",
     "cancel": "change",
+    "checkpoint": "suspend",
+    "checkpoints": "suspend",
     "close": "change",
     "config": "config_cmd",
     "doctor": "setup",
@@ -129,6 +131,7 @@ MODULES = {
     "retry": "change",
     "setup": "setup",
     "show": "listing",
+    "suspend": "suspend",
     "wait": "control",
 }
 

@@ -1,4 +1,5 @@
-"""`fleet kill`, `pause`, `resume`, `wait` and `merge`: steer running and finished work."""
+"""`fleet kill`, `pause`, `resume`, `wait` and `merge`: steer running and finished work
+(and resume suspended tasks)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import click
 
 from fleet.cli.app import TASK, App, cli, pass_app
-from fleet.errors import Conflict, FleetError, TimedOut
+from fleet.errors import Conflict, FleetError, InputError, TimedOut
 from fleet.model import Status, Task
 
 
@@ -37,17 +38,52 @@ def pause(app: App, reason: str | None) -> None:
 
 
 @cli.command()
+@click.argument("task_id", metavar="[ID]", required=False, type=TASK)
+@click.option(
+    "--from",
+    "checkpoint",
+    metavar="N",
+    type=click.IntRange(min=1),
+    help="With ID: resume from checkpoint N (default: the newest).",
+)
 @pass_app
-def resume(app: App) -> None:
-    """Start tasks again after `fleet pause`."""
+def resume(app: App, task_id: str | None, checkpoint: int | None) -> None:
+    """Without ID, start tasks again after `fleet pause`. With ID, make a suspended task ready
+    again: its next attempt resumes the coder's session of the checkpoint (`fleet checkpoints
+    ID`), or starts a fresh one whose prompt carries the checkpoint's summary.
+    """
     from fleet.claim import dispatch_or_wake
 
-    app.store.clear_gate("pause")
+    if task_id is None:
+        if checkpoint is not None:
+            raise InputError(
+                "--from needs the ID of a suspended task", hint="fleet resume ID --from N"
+            )
+        app.store.clear_gate("pause")
+        dispatch_or_wake(app.paths, app.store)
+        return
+    from fleet.audit import MSG_RESUMED, person, record
+
+    task = app.store.resume_task(task_id, checkpoint)
+    by = person()
+    which = f"checkpoint {task.resume_from}" if task.resume_from else "no checkpoint"
+    record(
+        MSG_RESUMED,
+        f"{task_id} resumed by {by} from {which}",
+        task_id,
+        by,
+        FLEET_CHECKPOINT=task.resume_from or 0,
+    )
     dispatch_or_wake(app.paths, app.store)
+    sys.stdout.write(task_id + "\n")
+
+
+# Suspended, like blocked, waits for a person.
+SETTLED = (Status.DONE, Status.BLOCKED, Status.CANCELLED, Status.SUSPENDED)
 
 
 def _settled(task: Task) -> bool:
-    return task.status in (Status.DONE, Status.CANCELLED, Status.BLOCKED) and not task.claimed_by
+    return task.status in SETTLED and not task.claimed_by
 
 
 def _announce(app: App, tasks: list[Task]) -> None:
@@ -56,8 +92,7 @@ def _announce(app: App, tasks: list[Task]) -> None:
     from fleet.errors import FleetError
 
     tasks = list({t.id: t for t in tasks}.values())  # an id given twice counts once
-    counts = {s: sum(t.status == s for t in tasks) for s in (Status.DONE, Status.BLOCKED)}
-    counts[Status.CANCELLED] = len(tasks) - sum(counts.values())
+    counts = {s: sum(t.status == s for t in tasks) for s in SETTLED}
     parts = [f"{n} {status}" for status, n in counts.items() if n]
     noun = "task" if len(tasks) == 1 else "tasks"
     message = f"{len(tasks)} {noun} finished: {', '.join(parts)}"
@@ -74,11 +109,11 @@ def _announce(app: App, tasks: list[Task]) -> None:
 @click.option("-t", "--timeout", type=click.FloatRange(min=0), help="Give up after SECONDS.")
 @pass_app
 def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
-    """Wait until each task is done, cancelled or blocked.
+    """Wait until each task is done, cancelled, blocked or suspended.
 
-    Exits 0 if all are done, 1 if any was cancelled or blocked, 124 on timeout. It sleeps on
-    inotify events of the store, so it costs nothing while it waits. When they have all
-    settled (not on a timeout) it sends the "finished" notification (notify_* settings).
+    Exits 0 if all are done, 1 if any was cancelled, blocked or suspended, 124 on timeout. It
+    sleeps on inotify events of the store, so it costs nothing while it waits. When they have
+    all settled (not on a timeout) it sends the "finished" notification (notify_* settings).
     """
     from inotify_simple import INotify
     from inotify_simple import flags as iflags

@@ -75,6 +75,9 @@ class RunSpec:
     artifact_dir: Path
     prompt: str
     prompt_file: Path
+    # The coder's own session to resume (after `fleet resume`), for a coder that can; the
+    # prompt is then the message that continues it.
+    resume: str | None = None
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Tally:
     """What the runner learned from the events of one attempt."""
 
     session: str | None = None
+    started: bool = False  # the coder announced its session (a SESSION event)
     turns: int = 0
     tokens_in: int | None = None
     tokens_out: int | None = None
@@ -99,6 +103,8 @@ class Tally:
     def add(self, event: Event) -> None:
         if event.session:
             self.session = event.session
+        if event.kind == Kind.SESSION:
+            self.started = True
         if event.kind == Kind.TEXT:
             self.turns += 1
         if event.kind == Kind.TOOL_CALL and event.tool:
@@ -168,6 +174,20 @@ class Coder(ABC):
 
     @abstractmethod
     def parse(self, line: str) -> Sequence[Event]: ...
+
+    # Whether argv() honours RunSpec.resume; a coder that cannot resume always starts afresh.
+    resumes: ClassVar[bool] = False
+
+    def resume_failed(self, returncode: int, tally: Tally) -> bool:
+        """Whether a run started with RunSpec.resume failed because the session is gone (or
+        belongs elsewhere): the CLIs then exit with an error before announcing any session,
+        and before any turn."""
+        return (
+            not tally.started
+            and tally.turns == 0
+            and tally.last_tool is None
+            and self.verdict(returncode, tally) != Verdict.SUCCESS
+        )
 
     def verdict(self, returncode: int, tally: Tally) -> Verdict:
         """Judge the finished process (`returncode` < 0 means killed by that signal)."""

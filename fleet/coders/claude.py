@@ -3,11 +3,14 @@
 Command line::
 
     claude --print --output-format stream-json --verbose --dangerously-skip-permissions
-           --mcp-config TASK_DIR/claude-mcp.json [--model M] [ARGS...] -- PROMPT
+           --mcp-config TASK_DIR/claude-mcp.json [--model M] [--resume SESSION] [ARGS...]
+           -- PROMPT
 
-(`stream-json` needs `--verbose`; the prompt comes last, after `--`, so that no variadic option
-in ARGS, such as `--allowedTools A B`, can swallow it; a prompt over 100 kB, which Linux would
-refuse as one argument, is replaced by a pointer to the prompt file.) The runner's working
+(`stream-json` needs `--verbose`; `--resume` continues the session of a suspended attempt, which
+works only from the same directory and with the same config directory, as every attempt of a
+task has; the prompt comes last, after `--`, so that no variadic option in ARGS, such as
+`--allowedTools A B`, can swallow it; a prompt over 100 kB, which Linux would refuse as one
+argument, is replaced by a pointer to the prompt file.) The runner's working
 directory is the task's: Claude Code has no flag for it.
 
 Where its state lives. Claude Code keeps the login (`~/.claude/.credentials.json`, or the
@@ -173,6 +176,7 @@ class ClaudeCoder(Coder):
     stop_signal = signal.SIGINT
     default_context = 200_000
     tested_versions = ("2.1.332",)
+    resumes = True
 
     def __init__(self, settings: CoderSettings) -> None:
         super().__init__(settings)
@@ -201,6 +205,8 @@ class ClaudeCoder(Coder):
         model = self.model(run)
         if model:
             argv += ["--model", model]
+        if run.resume:
+            argv += ["--resume", run.resume]
         prompt = run.prompt
         if len(prompt.encode()) > PROMPT_ARG_MAX:
             prompt = (

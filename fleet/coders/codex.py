@@ -204,6 +204,7 @@ class CodexCoder(Coder):
     stop_signal = signal.SIGINT
     default_context = 272_000  # GPT-5-class input window; codex itself budgets 95% of it
     tested_versions = ("codex-cli 0.171.0",)
+    resumes = True
 
     def __init__(self, settings: CoderSettings) -> None:
         super().__init__(settings)
@@ -269,14 +270,17 @@ class CodexCoder(Coder):
         return {"command": ask, "args": [], "env": env, "tool_timeout_sec": ASK_TIMEOUT_S}
 
     def argv(self, run: RunSpec) -> list[str]:
+        # `exec resume` continues a thread (from any directory: the runner's is the task's);
+        # it has no -C.
+        where = ["resume"] if run.resume else []
         argv = [
             self.binary,
             "exec",
+            *where,
             "--json",
             "--skip-git-repo-check",
             "--dangerously-bypass-approvals-and-sandbox",
-            "-C",
-            run.cwd,
+            *([] if run.resume else ["-C", run.cwd]),
         ]
         model = self.model(run)
         if model:
@@ -291,7 +295,8 @@ class CodexCoder(Coder):
         prompt = run.prompt
         if len(prompt.encode("utf-8", "surrogateescape")) > MAX_PROMPT_ARG:
             prompt = f"Your task is too long for the command line: read {run.prompt_file} first."
-        return [*argv, *self.settings.args, "--", prompt]
+        thread = [run.resume] if run.resume else []
+        return [*argv, *self.settings.args, "--", *thread, prompt]
 
     def prepare(self, run: RunSpec) -> None:
         (run.task_dir / LAST_MESSAGE).unlink(missing_ok=True)  # a killed attempt leaves none

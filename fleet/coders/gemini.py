@@ -132,6 +132,7 @@ class GeminiCoder(Coder):
     stop_signal = signal.SIGTERM
     default_context = 1_048_576  # the Gemini 2.5 and 3 models
     tested_versions = ("0.61.0",)
+    resumes = True
 
     def __init__(self, settings: CoderSettings) -> None:
         super().__init__(settings)
@@ -162,6 +163,8 @@ class GeminiCoder(Coder):
         model = self.model(run)
         if model:
             argv += ["--model", model]
+        if run.resume:  # the task's own GEMINI_CLI_HOME and directory hold its sessions
+            argv += ["--resume", run.resume]
         return argv + list(self.settings.args)
 
     def environ(self, run: RunSpec) -> dict[str, str]:

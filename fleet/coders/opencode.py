@@ -98,6 +98,7 @@ class OpencodeCoder(Coder):
     stop_signal = signal.SIGTERM
     default_context = 200_000
     tested_versions = ("1.18.33",)
+    resumes = True
 
     def __init__(self, settings: CoderSettings) -> None:
         super().__init__(settings)
@@ -132,6 +133,8 @@ class OpencodeCoder(Coder):
             "--title",
             title,
             *(["--model", model] if model else []),
+            # A resumed session needs the same --dir, which every attempt passes.
+            *(["--session", run.resume] if run.resume else []),
             *self.settings.args,
         ]
 

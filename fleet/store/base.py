@@ -6,6 +6,10 @@ Semantics every backend must keep (the SQLite one today, PostgreSQL later):
 - `claim` takes the highest-priority, oldest ready tasks whose dependencies are all done;
 - a person's close/block/cancel wins over a running attempt: when that attempt ends, `finish`
   keeps the person's status and only records the attempt;
+- a suspended task is never claimed: only `resume_task` makes it ready again, naming the
+  checkpoint its next attempt resumes from (`resume_from`, cleared when that attempt ends);
+- checkpoints of a task are numbered 1, 2, … in the order they are taken, and each records the
+  session of the task's newest attempt that has one and the questions pending at that moment;
 - a question leaves `pending` exactly once (answered, expired or cancelled), so the first answer
   wins; `finish` cancels the questions the ending attempt left pending; `tasks.question` names
   the newest pending question of the task, or nothing;
@@ -25,6 +29,8 @@ from fleet.errors import InputError
 from fleet.model import (
     Attempt,
     AttemptEnd,
+    Checkpoint,
+    CheckpointSpec,
     MergeMark,
     Question,
     QuestionKind,
@@ -105,6 +111,29 @@ class Store(Protocol):
         """Back to ready with failure and no-close counters reset."""
         ...
 
+    def suspend(self, task_id: str, reason: str) -> Task:
+        """A ready or running task becomes suspended (a running attempt goes on until its unit
+        is stopped, and `finish` then keeps the status)."""
+        ...
+
+    def resume_task(self, task_id: str, checkpoint: int | None) -> Task:
+        """A suspended task, its attempt over, back to ready, to resume from `checkpoint` (by
+        default the newest; none if it has none); Conflict or NotFound otherwise."""
+        ...
+
+    def add_checkpoint(self, task_id: str, spec: CheckpointSpec) -> Checkpoint:
+        """Record the next checkpoint of the task, with its coder's session and the pending
+        questions."""
+        ...
+
+    def drop_checkpoint_ref(self, task_id: str, n: int, note: str) -> Checkpoint:
+        """The ref of checkpoint `n` could not be made: record why instead."""
+        ...
+
+    def checkpoint(self, task_id: str, n: int) -> Checkpoint: ...
+
+    def checkpoints(self, task_id: str) -> list[Checkpoint]: ...
+
     def set_gate(self, name: str, until: str | None, reason: str | None) -> None:
         """Stop claims: `pause` stops all, `coder:NAME` only that coder's tasks."""
         ...
@@ -146,6 +175,11 @@ class Store(Protocol):
         ...
 
     def renew(self, task_id: str, owner: str, lease_s: float) -> bool: ...
+
+    def record_session(self, task_id: str, owner: str, attempt: int, session_id: str) -> None:
+        """Note the coder's session id on the running attempt as soon as it is known, so that a
+        checkpoint taken meanwhile can name it."""
+        ...
 
     def set_worktree(self, task_id: str, owner: str, branch: str, worktree: str) -> Task:
         """Record the branch and worktree of a worktree task, by the runner holding its claim;

@@ -172,6 +172,36 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX tasks_parent ON tasks (parent) WHERE parent IS NOT NULL",
         "CREATE INDEX tasks_claimed ON tasks (claimed_by) WHERE claimed_by IS NOT NULL",
     ),
+    (
+        # The `suspended` status. SQLite cannot alter a CHECK constraint, and rebuilding
+        # `tasks` would have to name every column (and those that later migrations add);
+        # widening the list in the stored schema text is SQLite's documented way to relax a
+        # constraint (https://sqlite.org/lang_altertable.html#otheralter). The store bumps the
+        # schema cookie after migrating, so every other connection re-reads the schema.
+        "PRAGMA writable_schema = ON",
+        "UPDATE sqlite_schema SET sql = replace(sql, '''cancelled'')',"
+        " '''cancelled'', ''suspended'')') WHERE type = 'table' AND name = 'tasks'",
+        "PRAGMA writable_schema = RESET",
+        # The checkpoint the next attempt resumes from: set by `fleet resume`, cleared when
+        # that attempt ends.
+        "ALTER TABLE tasks ADD COLUMN resume_from INTEGER",
+        """CREATE TABLE checkpoints (
+            task TEXT NOT NULL REFERENCES tasks(id),
+            n INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            created_at TEXT NOT NULL,
+            by TEXT NOT NULL,
+            summary TEXT NOT NULL,
+            ref TEXT,
+            "commit" TEXT,
+            repo TEXT,
+            note TEXT,
+            coder TEXT,
+            session_id TEXT,
+            questions TEXT NOT NULL DEFAULT '[]',
+            PRIMARY KEY (task, n)
+        ) WITHOUT ROWID""",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

@@ -27,10 +27,13 @@ from fleet import ids
 from fleet.errors import Conflict, InputError, NotFound, StoreError
 from fleet.model import (
     ATTEMPT_FIELDS,
+    CHECKPOINT_FIELDS,
     QUESTION_FIELDS,
     TASK_FIELDS,
     Attempt,
     AttemptEnd,
+    Checkpoint,
+    CheckpointSpec,
     Field,
     MergeMark,
     Question,
@@ -86,6 +89,14 @@ def _question_json_sql() -> str:
 
 
 QUESTION_JSON = _question_json_sql()
+CHECKPOINT_JSON = (
+    "json_object("
+    + ", ".join(
+        f"'{f.name}', " + (f'json(c."{f.name}")' if f.kind == "list" else f'c."{f.name}"')
+        for f in CHECKPOINT_FIELDS
+    )
+    + ")"
+)
 READY_WHERE = (
     "t.status = 'ready' AND NOT EXISTS (SELECT 1 FROM deps d JOIN tasks u ON u.id = d.after"
     " WHERE d.task = t.id AND u.status != 'done')"
@@ -168,6 +179,10 @@ class SQLiteStore:
                             hint="the store was not changed; report this as a bug",
                         )
                     self._db.execute(f"PRAGMA user_version = {VERSION}")
+                    # A migration may rewrite schema text (see schema.py), which SQLite does
+                    # not announce: the new cookie makes other connections re-read it.
+                    cookie = int(self._db.execute("PRAGMA schema_version").fetchone()[0])
+                    self._db.execute(f"PRAGMA schema_version = {cookie + 1}")
                     self._db.execute("COMMIT")
                 except BaseException:
                     if self._db.in_transaction:
@@ -515,7 +530,7 @@ class SQLiteStore:
             return self._fetch(db, task_id)
 
     def close_task(self, task_id: str, reason: str | None) -> Task:
-        allowed = (Status.READY, Status.RUNNING, Status.BLOCKED)
+        allowed = (Status.READY, Status.RUNNING, Status.BLOCKED, Status.SUSPENDED)
         return self._transition(
             task_id,
             "close",
@@ -525,13 +540,13 @@ class SQLiteStore:
         )
 
     def block(self, task_id: str, reason: str) -> Task:
-        allowed = (Status.READY, Status.RUNNING, Status.MERGING, Status.BLOCKED)
+        allowed = (Status.READY, Status.RUNNING, Status.MERGING, Status.BLOCKED, Status.SUSPENDED)
         return self._transition(
             task_id, "block", allowed, "status = 'blocked', reason = ?", (reason,)
         )
 
     def cancel(self, task_id: str, reason: str | None) -> Task:
-        allowed = (Status.READY, Status.RUNNING, Status.MERGING, Status.BLOCKED)
+        allowed = (Status.READY, Status.RUNNING, Status.MERGING, Status.BLOCKED, Status.SUSPENDED)
         return self._transition(
             task_id,
             "cancel",
@@ -551,6 +566,121 @@ class SQLiteStore:
             (),
             idle=True,
         )
+
+    def suspend(self, task_id: str, reason: str) -> Task:
+        # A running attempt goes on until its unit is stopped; `finish` then keeps `suspended`.
+        allowed = (Status.READY, Status.RUNNING)
+        return self._transition(
+            task_id, "suspend", allowed, "status = 'suspended', reason = ?", (reason,)
+        )
+
+    def resume_task(self, task_id: str, checkpoint: int | None) -> Task:
+        with self._write() as db:
+            cur = self._fetch(db, task_id)
+            if cur.status != Status.SUSPENDED:
+                raise Conflict(
+                    f"cannot resume {task_id}: it is {cur.status}, not suspended",
+                    hint=f"`fleet suspend {task_id}` suspends it; `fleet resume` alone"
+                    " lifts `fleet pause`",
+                )
+            if cur.claimed_by is not None:
+                raise Conflict(
+                    f"cannot resume {task_id}: its suspended attempt is still stopping",
+                    hint="try again in a moment",
+                )
+            if checkpoint is None:
+                row = db.execute(
+                    "SELECT max(n) FROM checkpoints WHERE task = ?", (task_id,)
+                ).fetchone()
+                checkpoint = row[0]
+            elif not db.execute(
+                "SELECT 1 FROM checkpoints WHERE task = ? AND n = ?", (task_id, checkpoint)
+            ).fetchone():
+                raise NotFound(
+                    f"{task_id} has no checkpoint {checkpoint}",
+                    hint=f"`fleet checkpoints {task_id}` lists them",
+                )
+            db.execute(
+                "UPDATE tasks SET status = 'ready', reason = NULL, resume_from = ?,"
+                " updated_at = ? WHERE id = ? AND status = 'suspended' AND claimed_by IS NULL",
+                (checkpoint, now_iso(), task_id),
+            )
+            return self._fetch(db, task_id)
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def add_checkpoint(self, task_id: str, spec: CheckpointSpec) -> Checkpoint:
+        with self._write() as db:
+            task = self._fetch(db, task_id)
+            (n,) = db.execute(
+                "SELECT COALESCE(max(n), 0) + 1 FROM checkpoints WHERE task = ?", (task_id,)
+            ).fetchone()
+            # The session of the running attempt (recorded when it started), else the last one.
+            row = db.execute(
+                "SELECT session_id FROM attempts WHERE task = ? AND session_id IS NOT NULL"
+                " ORDER BY n DESC LIMIT 1",
+                (task_id,),
+            ).fetchone()
+            pending = db.execute(
+                "SELECT id FROM questions WHERE task = ? AND status = 'pending'"
+                " ORDER BY asked_at, id",
+                (task_id,),
+            ).fetchall()
+            ref = f"{spec.ref_prefix}{n}" if spec.ref_prefix and spec.commit else None
+            db.execute(
+                'INSERT INTO checkpoints (task, n, attempt, created_at, by, summary, ref, "commit",'
+                " repo, note, coder, session_id, questions)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    task_id,
+                    n,
+                    task.attempts,
+                    now_iso(),
+                    spec.by,
+                    spec.summary,
+                    ref,
+                    spec.commit if ref else None,
+                    spec.repo,
+                    spec.note,
+                    task.coder,
+                    row[0] if row else None,
+                    json.dumps([q for (q,) in pending]),
+                ),
+            )
+            return self._checkpoint(db, task_id, n)
+
+    def drop_checkpoint_ref(self, task_id: str, n: int, note: str) -> Checkpoint:
+        with self._write() as db:
+            db.execute(
+                'UPDATE checkpoints SET ref = NULL, "commit" = NULL, note = ?'
+                " WHERE task = ? AND n = ?",
+                (note, task_id, n),
+            )
+            return self._checkpoint(db, task_id, n)
+
+    @staticmethod
+    def _checkpoint(db: sqlite3.Connection, task_id: str, n: int) -> Checkpoint:
+        row = db.execute(
+            f"SELECT {CHECKPOINT_JSON} FROM checkpoints c WHERE c.task = ? AND c.n = ?",
+            (task_id, n),
+        ).fetchone()
+        if row is None:
+            raise NotFound(
+                f"{task_id} has no checkpoint {n}", hint=f"`fleet checkpoints {task_id}` lists them"
+            )
+        return Checkpoint.from_json(json.loads(row[0]))
+
+    def checkpoint(self, task_id: str, n: int) -> Checkpoint:
+        with self._read() as db:
+            return self._checkpoint(db, task_id, n)
+
+    def checkpoints(self, task_id: str) -> list[Checkpoint]:
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {CHECKPOINT_JSON} FROM checkpoints c WHERE c.task = ? ORDER BY c.n",
+                (task_id,),
+            ).fetchall()
+        return [Checkpoint.from_json(json.loads(r[0])) for r in rows]
 
     # -- the runner's changes --------------------------------------------------------------
 
@@ -714,6 +844,14 @@ class SQLiteStore:
         keys = ("coder", "window", "status", "utilization", "resets_at", "updated_at")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
+    def record_session(self, task_id: str, owner: str, attempt: int, session_id: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "UPDATE attempts SET session_id = ? WHERE task = ? AND n = ? AND ended_at IS NULL"
+                " AND EXISTS (SELECT 1 FROM tasks WHERE id = ? AND claimed_by = ?)",
+                (session_id, task_id, attempt, task_id, owner),
+            )
+
     def renew(self, task_id: str, owner: str, lease_s: float) -> bool:
         with self._write() as db:
             row = db.execute(
@@ -752,8 +890,11 @@ class SQLiteStore:
                 " tokens_out = CASE WHEN ? IS NULL THEN tokens_out"
                 " ELSE COALESCE(tokens_out, 0) + ? END,"
                 " cost = CASE WHEN ? IS NULL THEN cost ELSE COALESCE(cost, 0) + ? END,"
-                " ahead = COALESCE(?, ahead), claimed_by = NULL, lease_until = NULL,"
-                " updated_at = ? WHERE id = ? AND claimed_by = ? RETURNING attempts",
+                " ahead = COALESCE(?, ahead),"
+                # The attempt that ends has used the checkpoint it was to resume from.
+                " resume_from = CASE WHEN ? = 'not-started' THEN resume_from END,"
+                " claimed_by = NULL, lease_until = NULL, updated_at = ?"
+                " WHERE id = ? AND claimed_by = ? RETURNING attempts",
                 (
                     reason,
                     final,
@@ -767,6 +908,7 @@ class SQLiteStore:
                     end.cost,
                     end.cost,
                     ahead,
+                    end.outcome,
                     now,
                     task_id,
                     owner,
@@ -779,7 +921,8 @@ class SQLiteStore:
                 )
             db.execute(
                 "UPDATE attempts SET ended_at = ?, outcome = ?, exit_status = ?, tokens_in = ?,"
-                " tokens_out = ?, cost = ?, session_id = ? WHERE task = ? AND n = ?",
+                " tokens_out = ?, cost = ?, session_id = COALESCE(?, session_id)"
+                " WHERE task = ? AND n = ?",
                 (
                     now,
                     end.outcome,

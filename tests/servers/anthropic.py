@@ -26,6 +26,16 @@ Scenarios:
   `ToolSearch` (`SEARCH_INPUT`) unless `tools` already defines them. The step follows from the
   tool calls the history holds.
 
+* ``suspend``: a session that is suspended and resumed. First, as a model that works and
+  checkpoints: load fleet's `checkpoint` tool with `ToolSearch` (as in ``ask``), write
+  `suspended_out.txt` (`SUSPEND_WRITE`), call `checkpoint` with `CHECKPOINT_SUMMARY`, then start
+  `HANG_COMMAND` for the test to suspend the task. Once fleet's resumed message
+  (`RESUMED_MARK`) is in the history, the session was resumed: close the task with the reason
+  `resumed-history-ok` if the history re-sent holds the earlier turns (the write and the
+  checkpoint call), `resumed-history-missing` otherwise. A fresh session started from the
+  checkpoint (`FRESH_MARK` in its prompt, no earlier turns) closes with `fresh-summary-ok` if
+  its prompt carries the summary, `fresh-summary-missing` otherwise. Then answer with text.
+
 The long commands sleep in Python: Claude Code 2.1.332 refuses a Bash command that is a plain
 `sleep N` or starts with one ("Blocked: standalone sleep 300").
 
@@ -57,6 +67,12 @@ ASK_TOOL = "mcp__fleet__ask_human"  # Claude Code names MCP tools mcp__<server>_
 DONE_TOOL = "mcp__fleet__task_done"
 SEARCH_TOOL = "ToolSearch"
 SEARCH_INPUT = {"query": f"select:{ASK_TOOL},{DONE_TOOL}"}
+CHECKPOINT_TOOL = "mcp__fleet__checkpoint"
+CHECKPOINT_SEARCH = {"query": f"select:{CHECKPOINT_TOOL}"}
+CHECKPOINT_SUMMARY = "Wrote suspended_out.txt with the shell; next: close the task."
+SUSPEND_WRITE = "echo before > suspended_out.txt"
+RESUMED_MARK = "is now resumed from checkpoint"  # fleet's message to a resumed session
+FRESH_MARK = "taken in an earlier session"  # fleet's note in a fresh session's prompt
 ASK_INPUT = {
     "question": "Which colour should the new button be?",
     "kind": "choice",
@@ -172,6 +188,8 @@ class AnthropicHandler(Handler):
             self.answer(body, [bash(HANG_COMMAND)] if step == 0 else [text_block(FINAL_TEXT)])
         elif name == "ask":
             self.answer(body, [ask_step(body)])
+        elif name == "suspend":
+            self.answer(body, [suspend_step(body)])
         else:
             self.answer(body, [text_block(f"no scenario marker: {name or 'none'}")])
 
@@ -242,6 +260,52 @@ def ask_step(body: dict[str, Any]) -> dict[str, Any]:
         summary = done_summary(tool_result_text(body, ASK_TOOL))
         return tool_use(DONE_TOOL, {"summary": summary})
     return text_block(FINAL_TEXT)
+
+
+def user_text(body: dict[str, Any]) -> str:
+    """All the text of the history's user messages (prompts, not tool results), joined."""
+    parts = []
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                parts.append(content)
+            for block in content if isinstance(content, list) else []:
+                if isinstance(block, dict) and block.get("type") == "text":
+                    parts.append(str(block.get("text", "")))
+    return "\n".join(parts)
+
+
+def commands(body: dict[str, Any]) -> list[str]:
+    """The shell commands the history's assistant turns ran, in order."""
+    uses = blocks(body, "assistant", "tool_use")
+    return [str(b.get("input", {}).get("command")) for b in uses if b.get("name") == "Bash"]
+
+
+def close(reason: str) -> dict[str, Any]:
+    return bash(f'fleet close "$FLEET_TASK_ID" --reason {reason}')
+
+
+def suspend_step(body: dict[str, Any]) -> dict[str, Any]:
+    """The next block of the `suspend` scenario (see the module docstring)."""
+    done, ran, prompt = called(body), commands(body), user_text(body)
+    closed = any(c.startswith("fleet close") for c in ran)
+    if closed:
+        return text_block(FINAL_TEXT)
+    if RESUMED_MARK in prompt:
+        earlier = SUSPEND_WRITE in ran and CHECKPOINT_TOOL in done
+        return close("resumed-history-ok" if earlier else "resumed-history-missing")
+    if FRESH_MARK in prompt:
+        carried = CHECKPOINT_SUMMARY in prompt and not ran
+        return close("fresh-summary-ok" if carried else "fresh-summary-missing")
+    deferred = defines(body, SEARCH_TOOL) and not defines(body, CHECKPOINT_TOOL)
+    if SEARCH_TOOL not in done and deferred:
+        return tool_use(SEARCH_TOOL, CHECKPOINT_SEARCH)
+    if SUSPEND_WRITE not in ran:
+        return bash(SUSPEND_WRITE)
+    if CHECKPOINT_TOOL not in done:
+        return tool_use(CHECKPOINT_TOOL, {"summary": CHECKPOINT_SUMMARY})
+    return bash(HANG_COMMAND)
 
 
 def tool_use(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
