@@ -97,6 +97,12 @@ def run(task_id: str) -> int:
         # cgroup before the runner reads its own, so a signal we did not send counts too.
         return code
     ended = Service("", "exited", str(code), invocation, oom_kills())
+    # Settling may merge a worktree's branch back, which takes as long as git takes on the
+    # repository: meanwhile neither the watchdog nor RuntimeMaxSec= may end the unit.
+    from fleet.notify import Notifier
+    from fleet.run import GIT_GRACE_USEC
+
+    Notifier().send(watchdog=1, watchdog_usec=GIT_GRACE_USEC, extend_timeout_usec=GIT_GRACE_USEC)
     kind, line = settle(task_id, ended)
     sys.stdout.write(line + "\n")
     (directory / (taskdir.SETTLED + invocation)).touch()

@@ -503,3 +503,31 @@ def test_a_dispatch_pass_finishes_a_postponed_merge(units: UnitFleet) -> None:
     assert (task["status"], task["merge_state"]) == ("done", "merged")
     assert (units.project / "x.txt").read_text() == "x\n"
     assert git(units.project, "status", "--porcelain") == ""
+
+
+def test_a_slow_merge_back_outlasts_the_watchdog(units: UnitFleet, tmp_path: Path) -> None:
+    # fleet-run merges back as it settles its attempt, still the unit's main process: a merge
+    # slower than WatchdogSec= (git on a large repository; here a git that sleeps first) must
+    # not get the runner killed.
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "git").write_text(
+        '#!/bin/sh\ncase " $* " in *" merge --no-ff "*) sleep 7;; esac\nexec /usr/bin/git "$@"\n'
+    )
+    (shim / "git").chmod(0o755)
+    units.setup("watchdog_seconds=5")
+    dropin = "fleet-task@.service.d/slow-git.conf"
+    units.box.write_unit(dropin, f"[Service]\nEnvironment=PATH={shim}:/usr/bin:/bin\n")
+    try:
+        task_id = units.add("echo x > x.txt")
+        assert units.wait(task_id, timeout=60) == 0
+    finally:
+        (units.box.units / dropin).unlink()
+        units.box.systemctl("daemon-reload")
+    task = units.show(task_id)
+    assert (task["status"], task["merge_state"]) == ("done", "merged")
+    assert units.outcomes(task_id) == ["success"]
+    assert (units.project / "x.txt").read_text() == "x\n"
+    # Merged by the runner itself, not undone by the watchdog and redone by the next pass.
+    result = units.box.systemctl("show", "-p", "Result", "--value", f"fleet-task@{task_id}")
+    assert result.stdout.strip() == "success"
