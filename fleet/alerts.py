@@ -24,9 +24,8 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from fleet.config import Config
@@ -44,8 +43,7 @@ PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 IDENTIFIER = "fleet-notify"
 
 
-@dataclass(frozen=True)
-class Notifiers:
+class Notifiers(NamedTuple):
     """The notifiers to run, as resolved by the process that fires (its configuration, its
     environment), so that the delivery process needs neither."""
 
@@ -170,7 +168,7 @@ def _start(paths: Paths, notifiers: Notifiers, obj: Mapping[str, Any]) -> None:
     from fleet.fsutil import write_atomic
     from fleet.paths import ensure_dir
 
-    payload = {"event": obj, "notifiers": asdict(notifiers)}
+    payload = {"event": obj, "notifiers": notifiers._asdict()}
     spool = ensure_dir(paths.home / SPOOL) / f"{secrets.token_hex(8)}.json"
     write_atomic(spool, json.dumps(payload, default=str).encode(), durable=False)
     argv = [sys.executable, "-m", "fleet.alerts", str(spool)]

@@ -11,7 +11,7 @@ fails, with the reason in `note` instead of a ref; a ref, once made, is never mo
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fleet.audit import MSG_CHECKPOINTED, record
 from fleet.errors import FleetError, InputError
@@ -87,8 +87,7 @@ def take(
     return cp
 
 
-@dataclass(frozen=True)
-class Resumption:
+class Resumption(NamedTuple):
     """How the next attempt starts after a checkpoint: the coder's session to resume (if any),
     and the text to put in its prompt, for a resumed session or a fresh one."""
 

@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fleet import systemd, wake
 from fleet.config import Config
@@ -33,8 +33,7 @@ from fleet.store import Store
 from fleet.timeutil import now_iso
 
 
-@dataclass(frozen=True)
-class Pass:
+class Pass(NamedTuple):
     recovered: list[str]
     started: list[str]
     running: int

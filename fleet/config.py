@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fleet.errors import ConfigError
 from fleet.fsutil import write_atomic
@@ -37,8 +36,7 @@ if TYPE_CHECKING:
 CACHE = "config.cache.json"  # in the state directory, beside config.last-good.toml
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     path: Path
     values: Mapping[str, Any]  # every key, `coders.NAME.key` included for configured coders
     sources: Mapping[str, str]  # key -> "default", "file", "env FLEET_X" or "flag"

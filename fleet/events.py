@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fleet.coders.base import Event, Kind
 from fleet.journal import Journal, Value, encode
@@ -41,8 +41,7 @@ MSG_QUESTION = "5ad0b37d1e4b4e3c9c3f0e55a1a7c2d1"  # written by fleet-ask
 MSG_ANSWER = "c0e8e02ee8a94a4e8f6a3a1b6f1d9b47"
 
 
-@dataclass(frozen=True)
-class Context:
+class Context(NamedTuple):
     task: str
     attempt: int
     coder: str

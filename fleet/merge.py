@@ -21,7 +21,6 @@ Invariants:
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -105,8 +104,7 @@ def decide(paths: Paths, config: Config, task: Task) -> Verdict:
         return blocks("failed", f"merge-back failed: {why}").verdict
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
     task: Task
     repo: str  # the top of the user's work tree holding the task's cwd
     base: str

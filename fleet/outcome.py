@@ -9,16 +9,15 @@ the reaper then knows the attempt was lost.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from fleet.fsutil import write_atomic
 
 FILE = "outcome.json"
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     task: str
     attempt: int
     invocation: str
@@ -36,7 +35,7 @@ class Outcome:
 
 
 def write(task_dir: Path, outcome: Outcome) -> None:
-    data = json.dumps(asdict(outcome), ensure_ascii=False, indent=1) + "\n"
+    data = json.dumps(outcome._asdict(), ensure_ascii=False, indent=1) + "\n"
     write_atomic(task_dir / FILE, data.encode("utf-8"))
 
 

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from fleet.errors import InputError, StoreError
 
 Scope = Literal["user", "system"]
 
 
-@dataclass(frozen=True)
-class Paths:
+class Paths(NamedTuple):
     scope: Scope
     home: Path  # state: fleet.db and tasks/
     config_file: Path

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from fleet.errors import Conflict, InputError
 from fleet.model import Question, QuestionKind, QuestionStatus, Reply
@@ -40,8 +40,7 @@ def not_pending(q: Question) -> Conflict:
     return Conflict(f"{q.id} is {q.status} and takes no answer any more")
 
 
-@dataclass(frozen=True)
-class Resolved:
+class Resolved(NamedTuple):
     """An answer checked against its question, in the store's terms."""
 
     answer: str

@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from fleet import outcome as outcome_file
 from fleet import taskdir, wake
@@ -48,8 +48,7 @@ REQUEUED = ("interrupted", "rate-limited", "context-pressure")
 FAILURES = ("failure", "timeout", "oom", "watchdog", "lost")
 
 
-@dataclass(frozen=True)
-class Service:
+class Service(NamedTuple):
     """What systemd tells ExecStopPost about the main process."""
 
     result: str  # success, exit-code, signal, timeout, watchdog, core-dump, …

@@ -11,15 +11,14 @@ stdout, a pidfd, inotify and the signal pipe, so a silent agent costs no CPU.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import selectors
 import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from fleet import checkpoints, coders, ids, outcome, questions, taskdir, worktree
 from fleet.coders.base import Coder, Event, Kind, RunSpec, Tally, Verdict
@@ -88,8 +87,7 @@ def take(store: Store, config: Config, task_id: str, me: str, under_systemd: boo
     raise Conflict(f"{task_id} is claimed by {task.claimed_by}")
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     """When to stop for context pressure, and when to hold a coder back for its rate limit."""
 
     context: int  # the model's window, tokens
@@ -113,25 +111,39 @@ class Limits:
         return context is not None and context * 100 >= self.context * self.pressure_pct
 
 
-@dataclass
 class Attempt:
-    task: Task
-    coder: Coder
-    sink: Sink
-    notifier: Notifier
-    store: Store
-    me: str
-    lease_s: float
-    grace: float
-    pgid: int
-    limits: Limits
-    tally: Tally = field(default_factory=Tally)
-    asking: str | None = None  # "q-…: the question" while the agent waits for a person
-    stopped_by: str | None = None
-    kill_at: float | None = None
-    recorded: str | None = None  # the session id noted on the attempt's row
-    _partial: bytearray = field(default_factory=bytearray)
-    _skipping: bool = False
+    """One attempt while its coder runs: what the main loop reads and changes."""
+
+    def __init__(
+        self,
+        task: Task,
+        coder: Coder,
+        sink: Sink,
+        notifier: Notifier,
+        store: Store,
+        me: str,
+        lease_s: float,
+        grace: float,
+        pgid: int,
+        limits: Limits,
+    ) -> None:
+        self.task = task
+        self.coder = coder
+        self.sink = sink
+        self.notifier = notifier
+        self.store = store
+        self.me = me
+        self.lease_s = lease_s
+        self.grace = grace
+        self.pgid = pgid
+        self.limits = limits
+        self.tally = Tally()
+        self.asking: str | None = None  # "q-…: the question" while the agent waits for a person
+        self.stopped_by: str | None = None
+        self.kill_at: float | None = None
+        self.recorded: str | None = None  # the session id noted on the attempt's row
+        self._partial = bytearray()
+        self._skipping = False
 
     def status_line(self) -> str:
         t = self.tally
@@ -570,8 +582,8 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
             f" from checkpoint {plan.checkpoint.n}",
         )
         coder = coders.get(config, coder_name)
-        spec = dataclasses.replace(
-            spec, prompt=fresh, prompt_file=taskdir.write_prompt(directory, fresh), resume=None
+        spec = spec._replace(
+            prompt=fresh, prompt_file=taskdir.write_prompt(directory, fresh), resume=None
         )
         ran = launch(coder, spec)
         if isinstance(ran, int):

@@ -6,8 +6,7 @@ commented default configuration; and fleet.toml(5). A key that is not here does 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from fleet.errors import ConfigError
 from fleet.model import ISOLATIONS, MERGE_STRATEGIES
@@ -22,8 +21,7 @@ _BOOLS = {"true": True, "yes": True, "on": True, "1": True}
 _BOOLS.update({"false": False, "no": False, "off": False, "0": False})
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     name: str
     kind: Kind
     default: Any

@@ -8,8 +8,8 @@ repository holds the same text rendered for a conventional /usr/bin install (che
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from fleet import __version__
 from fleet.config import Config
@@ -20,8 +20,7 @@ STAMP = f"# Installed by fleet {__version__} (fleet setup); re-run `fleet setup`
 LOG_BURST = 1_000_000
 
 
-@dataclass(frozen=True)
-class Install:
+class Install(NamedTuple):
     scope: Scope
     paths: Paths
     bindir: Path

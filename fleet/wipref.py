@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fleet.errors import FleetError
 from fleet.proc import run
@@ -34,8 +34,7 @@ def _git(repo: str, *args: str, env: dict[str, str] | None = None) -> str:
     raise FleetError(f"git {verb} failed: {last}")
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     repo: str  # the top of the work tree
     commit: str
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from fleet.errors import FleetError, InputError
 from fleet.proc import run
@@ -80,8 +80,7 @@ def check_add(cwd: str, base: str | None) -> str:
     return base
 
 
-@dataclass(frozen=True)
-class Place:
+class Place(NamedTuple):
     """Where an attempt of a worktree task runs."""
 
     repo: str  # the top level of the user's work tree

@@ -10,7 +10,6 @@ ways, the model also asks a person through fleet-ask's `ask_human` and a test an
 
 from __future__ import annotations
 
-import dataclasses
 import getpass
 import json
 import os
@@ -409,7 +408,7 @@ def test_argv_puts_the_prompt_last_after_the_options(tmp_path: Path) -> None:
 
 def test_a_prompt_too_long_for_argv_points_to_its_file(tmp_path: Path) -> None:
     run = spec(tmp_path)
-    huge = dataclasses.replace(run, prompt="x" * 200_000)
+    huge = run._replace(prompt="x" * 200_000)
     last = ClaudeCoder(CoderSettings()).argv(huge)[-1]
     assert len(last) < 1000 and str(run.prompt_file) in last
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -28,14 +27,13 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass
 class App:
-    scope: Scope | None = None
-    overrides: tuple[str, ...] = ()
-    _paths: Paths | None = None
-    _store: Store | None = None
-    _config: Config | None = None
-    _closers: list[Callable[[], None]] = field(default_factory=list)
+    def __init__(self, scope: Scope | None = None, overrides: tuple[str, ...] = ()) -> None:
+        self.scope = scope
+        self.overrides = overrides
+        self._paths: Paths | None = None
+        self._store: Store | None = None
+        self._config: Config | None = None
 
     @property
     def paths(self) -> Paths:

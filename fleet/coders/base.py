@@ -12,9 +12,9 @@ import enum
 import signal
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from types import MappingProxyType
+from typing import ClassVar, NamedTuple
 
 
 class Kind(enum.StrEnum):
@@ -31,8 +31,7 @@ class Kind(enum.StrEnum):
     RAW = "raw"  # a line nobody understood
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     kind: Kind
     text: str = ""
     tool: str | None = None
@@ -51,18 +50,16 @@ class Event:
     limit_type: str | None = None
 
 
-@dataclass(frozen=True)
-class CoderSettings:
+class CoderSettings(NamedTuple):
     """The `[coders.NAME]` table: where the binary is and what to add to its command line."""
 
     binary: str = ""
     args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    models: Mapping[str, str] = field(default_factory=dict)  # alias -> model name
+    env: Mapping[str, str] = MappingProxyType({})
+    models: Mapping[str, str] = MappingProxyType({})  # alias -> model name
 
 
-@dataclass(frozen=True)
-class RunSpec:
+class RunSpec(NamedTuple):
     """Everything about one attempt that a coder may need to build its command."""
 
     task_id: str
@@ -80,25 +77,31 @@ class RunSpec:
     resume: str | None = None
 
 
-@dataclass
 class Tally:
     """What the runner learned from the events of one attempt."""
 
-    session: str | None = None
-    started: bool = False  # the coder announced its session (a SESSION event)
-    turns: int = 0
-    tokens_in: int | None = None
-    tokens_out: int | None = None
-    cost: float | None = None
-    last_tool: str | None = None
-    result_seen: bool = False
-    result_error: bool = False
-    last_error: str | None = None
-    context: int | None = None
-    rate_status: str | None = None
-    resets_at: float | None = None
-    utilization: float | None = None
-    limit_type: str | None = None
+    def __init__(
+        self,
+        *,
+        result_seen: bool = False,
+        result_error: bool = False,
+        rate_status: str | None = None,
+    ) -> None:
+        self.session: str | None = None
+        self.started = False  # the coder announced its session (a SESSION event)
+        self.turns = 0
+        self.tokens_in: int | None = None
+        self.tokens_out: int | None = None
+        self.cost: float | None = None
+        self.last_tool: str | None = None
+        self.result_seen = result_seen
+        self.result_error = result_error
+        self.last_error: str | None = None
+        self.context: int | None = None
+        self.rate_status = rate_status
+        self.resets_at: float | None = None
+        self.utilization: float | None = None
+        self.limit_type: str | None = None
 
     def add(self, event: Event) -> None:
         if event.session:

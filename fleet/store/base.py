@@ -22,8 +22,7 @@ Semantics every backend must keep (the SQLite one today, PostgreSQL later):
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from fleet.errors import InputError
 from fleet.model import (
@@ -52,8 +51,7 @@ class BadSpec(InputError):
         self.index = index
 
 
-@dataclass(frozen=True)
-class TaskFilter:
+class TaskFilter(NamedTuple):
     statuses: tuple[Status, ...] = ()  # empty: every status not final, unless include_final
     include_final: bool = False
     label: str | None = None
