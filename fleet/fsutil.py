@@ -7,15 +7,29 @@ rename itself survives a power cut.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-import tempfile
 from pathlib import Path
+
+_serial = itertools.count()
+
+
+def _create_beside(path: Path) -> tuple[int, str]:
+    """A new file next to `path`, only ours (O_EXCL): a name no other process uses, since it
+    holds our pid, and none of ours, since the serial grows; a crashed writer's leftover under
+    a reused pid is stepped over."""
+    while True:
+        tmp = f"{path.parent}/.{path.name}.{os.getpid()}.{next(_serial)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), tmp
+        except FileExistsError:
+            continue
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
     """Replace `path` with `data`; `durable=False` skips the fsyncs (survives a crash of the
     process, not of the machine) for files rewritten very often, such as a journal cursor."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
