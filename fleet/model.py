@@ -21,10 +21,11 @@ class Status(enum.StrEnum):
     DONE = "done"  # closed as finished
     CANCELLED = "cancelled"  # withdrawn; never runs again unless retried
     SUSPENDED = "suspended"  # checkpointed and stopped by a person; never claimed until resumed
+    HANDED_OFF = "handed-off"  # its work goes on in a successor task (another coder or model)
 
     @property
     def final(self) -> bool:
-        return self in (Status.DONE, Status.CANCELLED)
+        return self in (Status.DONE, Status.CANCELLED, Status.HANDED_OFF)
 
 
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 4, 2
@@ -63,7 +64,7 @@ TASK_FIELDS: tuple[Field, ...] = (
     Field("id", "text", "task id, `fl-` and six base32 characters"),
     Field("title", "text", "one-line title"),
     Field("description", "text", "longer instructions for the agent (may be empty)"),
-    Field("status", "text", "ready, running, blocked, done, cancelled or suspended"),
+    Field("status", "text", "ready, running, blocked, done, cancelled, suspended or handed-off"),
     Field("priority", "int", "0 (highest) to 4 (lowest)"),
     Field("cwd", "text", "absolute project directory the agent works in"),
     Field("coder", "text", "coder name; null until the first claim freezes the default"),
@@ -100,6 +101,9 @@ TASK_FIELDS: tuple[Field, ...] = (
         "int",
         "the checkpoint the next attempt resumes from (set by `fleet resume ID`), or null",
     ),
+    Field("predecessor", "text", "the task this one took over from by a handoff, or null"),
+    Field("merged_from", "list", "ids of the tasks whose work this one consolidates"),
+    Field("handoff", "text", "the context the predecessor handed over, or null"),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -149,6 +153,9 @@ class Task(NamedTuple):
     branch: str | None
     worktree: str | None
     resume_from: int | None
+    predecessor: str | None
+    merged_from: tuple[str, ...]
+    handoff: str | None
 
     @property
     def isolated(self) -> bool:
@@ -268,6 +275,8 @@ class TaskSpec(NamedTuple):
     ref: str | None = None  # batch-local name other lines may depend on
     isolation: str | None = None  # "none" or "worktree", resolved by `fleet add`
     base: str | None = None  # with worktree isolation: the branch to start from
+    parent_waits: bool = False  # the parent depends on this task (its `after` gains it)
+    merged_from: tuple[str, ...] = ()  # the tasks it consolidates (full ids)
 
 
 class TaskEdit(NamedTuple):
@@ -343,6 +352,28 @@ class Checkpoint(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return _json(CHECKPOINT_FIELDS, self)
+
+
+AUDIT_FIELDS: tuple[Field, ...] = (
+    Field("id", "int", "the entry's number, increasing across the whole queue"),
+    Field("task", "text", "task id"),
+    Field("at", "text", "UTC ISO 8601 time of the action"),
+    Field("action", "text", "what was done: added, claimed, started, ended, closed, …"),
+    Field("by", "text", "who did it: the person (user@host), `agent`, or a program"),
+    Field("detail", "object", "what the action needs said (attempt, outcome, related tasks…)"),
+)
+
+
+class AuditEntry(NamedTuple):
+    id: int
+    task: str
+    at: str
+    action: str
+    by: str
+    detail: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
 
 
 class CheckpointSpec(NamedTuple):

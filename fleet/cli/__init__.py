@@ -9,6 +9,7 @@ from fleet.cli import (  # noqa: F401  (they register commands)
     change,
     config_cmd,
     control,
+    lineage,
     listing,
     logs,
     questions,

@@ -10,7 +10,7 @@ import click
 
 from fleet.cli.app import TASK, App, cli, pass_app
 from fleet.errors import FleetError, InputError
-from fleet.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, TaskSpec
+from fleet.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, Task, TaskSpec
 from fleet.output import emit_object, emit_objects, fmt_of, output_options
 
 BATCH_KEYS = (
@@ -50,7 +50,18 @@ BATCH_KEYS = (
 )
 @click.option("--after", "after", type=TASK, multiple=True, help="Run only once this task is done.")
 @click.option("--label", "labels", multiple=True, metavar="LABEL", help="Attach a label.")
-@click.option("--parent", type=TASK, help="Record this task as a subtask of another.")
+@click.option(
+    "--parent",
+    type=TASK,
+    help="Record this task as a subtask of another; it works in the parent's directory, with"
+    " its isolation and base, unless --cwd, --isolation or --base say otherwise.",
+)
+@click.option(
+    "--parent-waits",
+    is_flag=True,
+    help="The parent depends on this subtask: it is claimed again only once this is done, and"
+    " its prompt then lists its subtasks' outcomes.",
+)
 @click.option(
     "--isolation",
     type=click.Choice(["none", "worktree"]),
@@ -82,6 +93,7 @@ def add(
     after: tuple[str, ...],
     labels: tuple[str, ...],
     parent: str | None,
+    parent_waits: bool,
     isolation: str | None,
     base: str | None,
     batch: str | None,
@@ -96,6 +108,8 @@ def add(
     from fleet.store.base import BadSpec
 
     lines: list[int] = []
+    if parent_waits and parent is None:
+        raise InputError("--parent-waits needs --parent", hint="fleet add TITLE --parent ID ...")
     if batch is not None:
         if title is not None:
             raise InputError("give either a TITLE or --batch, not both")
@@ -109,7 +123,9 @@ def add(
     else:
         if title is None:
             raise InputError("missing TITLE", hint='fleet add "what to do" --cwd DIR')
-        directory = inputs.cwd(cwd)
+        directory = inputs.cwd(cwd) if cwd or parent is None else app.store.get(parent).cwd
+        if parent is not None:
+            isolation, base = inherit(app.store.get(parent), directory, isolation, base)
         isolation, base = isolate(app, directory, isolation, base, "--base")
         specs = [
             TaskSpec(
@@ -124,6 +140,7 @@ def add(
                 parent=parent,
                 isolation=isolation,
                 base=base,
+                parent_waits=parent_waits,
             )
         ]
     try:
@@ -142,6 +159,18 @@ def add(
         emit_object(tasks[0].to_json())
     else:
         emit_objects((t.to_json() for t in tasks), out)
+
+
+def inherit(
+    parent: Task, cwd: str, isolation: str | None, base: str | None
+) -> tuple[str | None, str | None]:
+    """A subtask's isolation and base: the parent's, unless given (its base only in the
+    parent's repository)."""
+    if isolation is None:
+        isolation = parent.isolation or "none"
+    if base is None and isolation == "worktree" and parent.isolated and cwd == parent.cwd:
+        base = parent.base
+    return isolation, base
 
 
 def isolate(
