@@ -105,8 +105,9 @@ def line(node: Node) -> str:
     notes = []
     if t.merged_from:
         notes.append("merges " + ", ".join(t.merged_from))
-    if t.after:
-        notes.append("after " + ", ".join(t.after))
+    waits = [a for a in t.after if a not in t.merged_from]  # a merge waits for what it merges
+    if waits:
+        notes.append("after " + ", ".join(waits))
     return text + (f"  [{'; '.join(notes)}]" if notes else "")
 
 
