@@ -8,17 +8,21 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleet.audit import person
+from fleet.audit import ACTIONS, person
 from fleet.paths import resolve
 from fleet.store.schema import MIGRATIONS, VERSION
+from tests import sandbox
 from tests.conftest import Fleet, run_fleet
 from tests.conftest import fleet_run as run
+from tests.sandbox import Sandbox
 from tests.test_questions import agent, running
+from tests.test_systemd import Fleet as UnitFleet
 from tests.test_worktree import make_repo
 
 
@@ -279,3 +283,88 @@ def test_a_version_4_store_is_migrated(home: Path, project: Path) -> None:
     assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert check.execute("SELECT action FROM audit").fetchall() == [("handed-off",), ("added",)]
     check.close()
+
+
+# ---------------------------------------------------------------------- under systemd
+
+systemd = sandbox.systemd
+
+
+@pytest.fixture
+def units(systemd: Sandbox, tmp_path: Path, project: Path) -> Iterator[UnitFleet]:
+    fleet = UnitFleet(systemd, tmp_path / "unit-home", project)
+    fleet.setup("default_coder=command", "stop_grace_seconds=2")
+    yield fleet
+    systemd.systemctl("stop", "fleet-claim.path", "fleet-claim.timer", "fleet-task@*", check=False)
+    systemd.systemctl("reset-failed", check=False)
+
+
+def test_a_parent_waits_for_the_subtask_its_agent_spawned(units: UnitFleet) -> None:
+    """The parent's agent (a shell script) adds a subtask it waits for and ends its turn; the
+    parent runs again only once the subtask is done, and its prompt then says how it ended."""
+    fleet = units
+    script = (
+        'if test -e "$FLEET_ARTIFACT_DIR/spawned"; then'
+        ' cp "$FLEET_TASK_DIR/prompt.md" "$FLEET_ARTIFACT_DIR/again.md"; exit 0; fi;'
+        ' fleet add "the part" --parent "$FLEET_TASK_ID" --parent-waits -d "echo part done"'
+        ' && touch "$FLEET_ARTIFACT_DIR/spawned"'
+    )
+    parent = fleet.add(script)
+    assert fleet.wait(parent) == 0
+    (child,) = [t for t in json.loads(fleet("ls", "--all", "--json").stdout) if t["parent"]]
+    assert (child["parent"], child["status"], child["cwd"]) == (parent, "done", str(fleet.project))
+    shown = fleet.show(parent)
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["waiting", "success"]
+    assert (shown["failures"], shown["noclose"], shown["after"]) == (0, 0, [child["id"]])
+    assert child["finished_at"] <= shown["attempt_log"][1]["started_at"]
+    again = (fleet.home / "tasks" / parent / "artifacts" / "again.md").read_text()
+    assert f"- {child['id']} 'the part': done (" in again
+    history = json.loads(fleet("history", parent, "--json").stdout)
+    spawned = [e for e in history if e["action"] == "spawned"]
+    assert [(e["by"], e["detail"]) for e in spawned] == [
+        ("agent", {"child": child["id"], "parent_waits": True})
+    ]
+    ended = [e["detail"]["outcome"] for e in history if e["action"] == "ended"]
+    assert ended == ["waiting", "success"]
+    # Each row is also a journal entry the catalog explains.
+    entries = fleet.box.journal(f"FLEET_TASK_ID={parent}", "FLEET_ACTION=spawned")
+    assert [(e["MESSAGE_ID"], e["FLEET_CHILD"], e["FLEET_BY"]) for e in entries] == [
+        (ACTIONS["spawned"].message_id, child["id"], "agent")
+    ]
+    explained = fleet.box.run("journalctl", "-x", "--no-pager", f"FLEET_TASK_ID={parent}").stdout
+    assert f"added subtask {child['id']} of fleet task {parent}" in explained
+
+
+def test_a_running_task_handed_off_and_refused_under_systemd(units: UnitFleet) -> None:
+    fleet = units
+    mark = fleet.project / "started"
+    # The original marks that it runs and works on; its successor finds the mark and is done.
+    tid = fleet.add(f"test -e {mark} && exit 0; touch {mark}; exec sleep 120")
+    fleet.box.wait_for(mark.exists, what="the original's agent")
+    for args, code, why in (
+        (("handoff", tid, "--to", "nosuch"), 2, "no coder 'nosuch' is configured"),
+        (
+            ("--set", "coders.codex.binary=/no/such", "handoff", tid, "--to", "codex:o4"),
+            4,
+            "codex: /no/such not found",
+        ),
+    ):
+        refused = fleet(*args, check=False)
+        assert (refused.returncode, why in refused.stderr) == (code, True), refused.stderr
+    state = fleet.box.systemctl("is-active", f"fleet-task@{tid}", check=False).stdout.strip()
+    assert (state, fleet.show(tid)["status"]) == ("active", "running")
+    successor = fleet("handoff", tid, "--to", "command", "--context", "carry on").stdout.strip()
+    shown = fleet.show(tid)  # the stop has completed: the attempt is reaped
+    assert (shown["status"], shown["reason"]) == (
+        "handed-off",
+        f"handed off to {successor} (command)",
+    )
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["handed-off"]
+    assert (shown["failures"], shown["claimed_by"]) == (0, None)
+    assert fleet.wait(successor) == 0
+    after = fleet.show(successor)
+    assert (after["predecessor"], after["handoff"], after["status"]) == (tid, "carry on", "done")
+    prompt = (fleet.home / "tasks" / successor / "prompt.md").read_text()
+    assert f"handed off to you from {tid}" in prompt and "carry on" in prompt
+    actions = [e["action"] for e in json.loads(fleet("history", tid, "--json").stdout)]
+    assert actions == ["added", "claimed", "started", "handed-off", "ended"]
