@@ -33,7 +33,7 @@ from fleet.journal import Journal, Value
 from fleet.model import Question, QuestionStatus, Status
 from fleet.paths import Paths, ensure_dir, resolve
 from fleet.redact import Redactor, secret_values
-from fleet.store import Store, open_store
+from fleet.store import Actor, Store, open_store
 from fleet.timeutil import iso
 
 PROGRESS_EVERY = 15.0  # OpenCode's default tool timeout is 60 s; each notification resets it
@@ -44,6 +44,8 @@ it. Ask with ask_human only when you cannot reasonably decide yourself (a real a
 risky or irreversible step, missing access); the task waits, and a person is notified. When
 the work is finished call task_done; when you cannot go on without a person call task_blocked.
 Record a checkpoint (with a summary a fresh session could continue from) at milestones.
+Split off independent parts with spawn_subtask; hand the task to another coder or model with
+handoff when it is better suited.
 """
 
 ASK = """\
@@ -98,6 +100,27 @@ next concrete steps. It does not end your turn: carry on with the work.
 """
 
 
+SPAWN = """\
+Add a subtask of this task to fleet's queue: another agent works on it, in the same directory
+(and the same kind of git isolation) unless you say otherwise. Give it a title and a
+description complete on their own: its agent sees nothing of your context. `coder` and `model`
+choose who runs it (default: the queue's default coder).
+
+With depends true, this task waits for its subtasks: finish your turn after adding them (do
+not call task_done); fleet runs them, then starts this task again, and the new prompt lists
+each subtask's status and summary. With depends false the subtask runs on its own.
+"""
+
+HANDOFF = """\
+Hand this task over to another coder (and model), e.g. one better suited to what is left.
+fleet accepts only a coder that is configured and installed here; then it adds a successor
+task with the same title and description, whose prompt carries your `context` and the
+summary of your latest checkpoint, and this attempt is stopped at once. Record a checkpoint
+first, and say in `context` what is done and what is left. If fleet refuses, the result says
+why and you carry on.
+"""
+
+
 def in_task_unit() -> bool:
     """Whether this process runs inside a fleet-task@ unit (journald then files our entries
     under that unit, whatever environment the coder passed on to us)."""
@@ -115,7 +138,7 @@ class Asker:
 
         self.paths = paths
         self.config = load_or_last_good(paths)
-        self.store: Store = open_store(paths)
+        self.store: Store = open_store(paths, Actor("agent", "fleet-ask"))
         self.task_id = self.store.resolve(task_id)
         self.directory = taskdir.task_dir(paths, self.task_id)
         ensure_dir(self.directory)
@@ -301,9 +324,52 @@ class Asker:
         from fleet import checkpoints
 
         text = self.redact(checkpoints.check_summary(summary))
-        cp = checkpoints.take(self.store, self.task_id, "agent", text, "fleet-ask")
+        cp = checkpoints.take(self.store, self.task_id, "agent", text)
         where = f"your work in progress is at {cp.ref}" if cp.ref else f"no git ref ({cp.note})"
         return f"Checkpoint {cp.n} recorded; {where}. Carry on with the task."
+
+    def spawn(
+        self,
+        title: str,
+        description: str,
+        coder: str | None,
+        model: str | None,
+        depends: bool,
+    ) -> str:
+        from fleet import inputs, lineage, wake
+
+        parent = self.store.get(self.task_id)
+        if coder:
+            self.config.check_coder(inputs.name("coder", coder))
+        spec = lineage.subtask(
+            parent,
+            self.redact(inputs.title(title)),
+            self.redact(inputs.free_text("description", description)),
+            coder or None,
+            inputs.name("model", model) if model else None,
+            depends,
+        )
+        (child,) = self.store.add([spec])
+        wake.poke(self.paths)
+        if depends:
+            return (
+                f"Subtask {child.id} added, and this task waits for it. Add any other subtasks,"
+                " then end your turn without task_done: fleet starts this task again once its"
+                " subtasks are done, with their outcomes in the prompt."
+            )
+        return f"Subtask {child.id} added; it runs on its own. Carry on with your task."
+
+    def handoff(self, coder: str, model: str | None, context: str) -> str:
+        from fleet import lineage, wake
+
+        successor = lineage.handoff(
+            self.store, self.config, self.task_id, coder, model, self.redact(context)
+        )
+        wake.poke(self.paths)
+        # This attempt is over: its runner stops the agent, and fleet-reap finds the task
+        # handed off, which counts as nothing.
+        (self.directory / taskdir.KILL).touch()
+        return f"Handed off to {successor.id} ({coder}). Stop working now: this attempt ends."
 
     def cancel_mine(self) -> None:
         """At exit: questions of calls still open are cancelled, never left pending."""
@@ -374,6 +440,34 @@ def server(asker: Asker) -> MCPServer:
     ) -> str:
         with for_the_agent():
             return asker.checkpoint(summary)
+
+    @app.tool(description=SPAWN, structured_output=False)
+    def spawn_subtask(
+        title: Annotated[str, Field(description="One line: what the subtask is to do.")],
+        description: Annotated[
+            str, Field(description="Complete instructions; its agent has none of your context.")
+        ] = "",
+        coder: Annotated[
+            str | None, Field(description="The coder to run it (default: the queue's).")
+        ] = None,
+        model: Annotated[str | None, Field(description="The model (default: the coder's).")] = None,
+        depends: Annotated[
+            bool, Field(description="Whether this task waits for the subtask to be done.")
+        ] = False,
+    ) -> str:
+        with for_the_agent():
+            return asker.spawn(title, description, coder, model, depends)
+
+    @app.tool(description=HANDOFF, structured_output=False)
+    def handoff(
+        coder: Annotated[str, Field(description="The coder to take the task over.")],
+        context: Annotated[
+            str, Field(description="What is done, what is left, and anything learned.")
+        ],
+        model: Annotated[str | None, Field(description="The model (default: the coder's).")] = None,
+    ) -> str:
+        with for_the_agent():
+            return asker.handoff(coder, model, context)
 
     return app
 

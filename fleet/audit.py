@@ -1,56 +1,206 @@
-"""Journal entries for what a person or an agent did to a task (checkpointed, suspended, resumed).
+"""The audit trail: what a person, an agent or a fleet program did to a task, and who did it.
 
-Invariant: every such entry carries a MESSAGE_ID that systemd/fleet.catalog explains, the task's
-id (FLEET_TASK_ID, so `fleet logs ID` and `journalctl FLEET_TASK_ID=ID` show it next to the
-attempts' events), FLEET_ACTION and who did it (FLEET_BY). The store's rows are the record; the
-entry is the trail, so a host without journald (no socket) simply gets none, and a journal that
-cannot take the entry never fails the action itself.
+Invariants:
+- the store writes one `audit` row per action, in the transaction of the change it records, so
+  a change that is refused or rolled back leaves no row, and the trail survives journal
+  rotation (`fleet history ID` reads the rows);
+- after the commit, each row also becomes a journal entry with the action's MESSAGE_ID (which
+  systemd/fleet.catalog explains), FLEET_TASK_ID, FLEET_ACTION, FLEET_BY and one FLEET_<KEY>
+  field per detail key; actions whose entry a program already writes with more to say
+  (`started` by fleet-run, `asked` and `answered` by fleet-ask) are not written twice;
+- the journal is the trail, the rows are the record: a host without journald simply gets no
+  entries, and a journal that cannot take one never fails the action.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 from fleet.journal import SOCKET, Journal, Value
 
 MSG_CHECKPOINTED = "ec5777e0babb47078a6721a402479b6c"
 MSG_SUSPENDED = "1da9762d8594425c9bf1bae62c0761b0"
 MSG_RESUMED = "ca4f1926b7a742adb7aef743b1f4e99f"
-ACTIONS = {
-    MSG_CHECKPOINTED: "checkpointed",
-    MSG_SUSPENDED: "suspended",
-    MSG_RESUMED: "resumed",
+
+
+class Action(NamedTuple):
+    message_id: str
+    subject: str
+    explanation: str  # for the catalog; @FIELD@ is replaced by journalctl -x
+
+
+ACTIONS: dict[str, Action] = {
+    "added": Action(
+        "b6a0fc8dc9b94882a3d27a4d9fa485f7",
+        "A fleet task was added",
+        "@FLEET_BY@ added fleet task @FLEET_TASK_ID@ to the queue. It is claimed once a slot is"
+        " free and every task it depends on is done; `fleet history @FLEET_TASK_ID@` lists"
+        " what happens to it.",
+    ),
+    "claimed": Action(
+        "8c36b6e2bbdf4a2f9ca4070f60a40384",
+        "A fleet task was claimed",
+        "@FLEET_BY@ claimed fleet task @FLEET_TASK_ID@ for attempt @FLEET_ATTEMPT@ (owner"
+        " @FLEET_OWNER@); its fleet-task@ unit runs the attempt.",
+    ),
+    "ended": Action(
+        "e34aec7ecf804acaa5242aa4d8784272",
+        "The end of a fleet task attempt was applied",
+        "Attempt @FLEET_ATTEMPT@ of fleet task @FLEET_TASK_ID@ was classified as @FLEET_OUTCOME@"
+        " by @FLEET_BY@, and the policy left the task @FLEET_STATUS@.",
+    ),
+    "checkpointed": Action(
+        MSG_CHECKPOINTED,
+        "A fleet task was checkpointed",
+        "@FLEET_BY@ took checkpoint @FLEET_CHECKPOINT@ of fleet task @FLEET_TASK_ID@: a"
+        " context summary, the coder's session, the pending questions and, when the task"
+        " works in a git repository, its work in progress as a ref (made without touching"
+        " the work tree or the index). `fleet checkpoints @FLEET_TASK_ID@` lists them.",
+    ),
+    "suspended": Action(
+        MSG_SUSPENDED,
+        "A fleet task was suspended",
+        "@FLEET_BY@ suspended fleet task @FLEET_TASK_ID@ after checkpoint"
+        " @FLEET_CHECKPOINT@; a running attempt is stopped and does not count as a failure."
+        " The task is not claimed again until `fleet resume @FLEET_TASK_ID@`.",
+    ),
+    "resumed": Action(
+        MSG_RESUMED,
+        "A fleet task was resumed",
+        "@FLEET_BY@ resumed fleet task @FLEET_TASK_ID@ from checkpoint @FLEET_CHECKPOINT@."
+        " Its next attempt resumes the coder's own session where the coder supports it,"
+        " and otherwise starts a fresh session whose prompt carries the checkpoint's"
+        " summary.",
+    ),
+    "spawned": Action(
+        "c9e35d9685e04ecf852d71a9665ab540",
+        "A fleet task spawned a subtask",
+        "@FLEET_BY@ added subtask @FLEET_CHILD@ of fleet task @FLEET_TASK_ID@. When the parent"
+        " waits for it (FLEET_PARENT_WAITS=1), the parent is claimed again only once the"
+        " subtask is done, and its prompt then lists its subtasks' outcomes.",
+    ),
+    "handed-off": Action(
+        "8a710d05170e4fb6a755423cc00a968c",
+        "A fleet task was handed off",
+        "@FLEET_BY@ handed fleet task @FLEET_TASK_ID@ off to @FLEET_CODER@; its work goes on"
+        " in the successor task @FLEET_TO@, whose prompt carries the handoff context and the"
+        " latest checkpoint summary. The original is handed-off and never claimed again.",
+    ),
+    "merged": Action(
+        "d3f2837b850c4114939c19027d9c383b",
+        "fleet tasks were merged",
+        "@FLEET_BY@ added a task that consolidates the branches and artifacts of other tasks:"
+        " FLEET_FROM names the tasks merged into @FLEET_TASK_ID@, FLEET_INTO the task a merged"
+        " task goes into. `fleet tree @FLEET_TASK_ID@` shows the lineage.",
+    ),
+    "closed": Action(
+        "4de2732d69344b60b28b6727d3c4c0c7",
+        "A fleet task was closed",
+        "@FLEET_BY@ marked fleet task @FLEET_TASK_ID@ done.",
+    ),
+    "blocked": Action(
+        "b939acc4ab3445b29a97638371b69574",
+        "A fleet task was blocked",
+        "@FLEET_BY@ blocked fleet task @FLEET_TASK_ID@; it waits for a person (`fleet retry"
+        " @FLEET_TASK_ID@` when the reason is dealt with).",
+    ),
+    "cancelled": Action(
+        "0f07d7f6a6334b35a1dfda0b2dd8e752",
+        "A fleet task was cancelled",
+        "@FLEET_BY@ cancelled fleet task @FLEET_TASK_ID@: it is never claimed again unless"
+        " retried.",
+    ),
+    "retried": Action(
+        "d174c4e118664224903da4b58d144a15",
+        "A fleet task was put back to ready",
+        "@FLEET_BY@ retried fleet task @FLEET_TASK_ID@: it is ready again, its failure and"
+        " no-close counters reset.",
+    ),
+    "edited": Action(
+        "b87c582d10f64b769cabaae2059a1d87",
+        "A fleet task was changed",
+        "@FLEET_BY@ changed fields of fleet task @FLEET_TASK_ID@ (FLEET_FIELDS names them).",
+    ),
 }
+# Written by the program that did it, with its own MESSAGE_ID (fleet.events) and fields.
+JOURNALED_ELSEWHERE = ("started", "asked", "answered")
+KNOWN = (*ACTIONS, *JOURNALED_ELSEWHERE)
 
 
-def record(
-    message_id: str,
-    text: str,
-    task_id: str,
-    by: str,
-    identifier: str = "fleet",
-    **fields: Value,
-) -> None:
-    if not os.path.exists(SOCKET):
+class Actor(NamedTuple):
+    """Who changes the store through one connection, and the program they use."""
+
+    by: str  # the person (user@host), `agent`, or the program (fleet-claim, …)
+    program: str  # SYSLOG_IDENTIFIER of the journal entries
+
+
+class Row(NamedTuple):
+    task: str
+    action: str
+    by: str
+    detail: dict[str, Any]
+
+
+def describe(row: Row) -> str:
+    """One line for the journal's MESSAGE."""
+    d = row.detail
+    extra = {
+        "added": lambda: f" ({d['title']})" if d.get("title") else "",
+        "claimed": lambda: f" for attempt {d.get('attempt')}",
+        "ended": lambda: f": attempt {d.get('attempt')} {d.get('outcome')}, now {d.get('status')}",
+        "checkpointed": lambda: f": checkpoint {d.get('checkpoint')}",
+        "suspended": lambda: f" at checkpoint {d.get('checkpoint')}",
+        "resumed": lambda: f" from checkpoint {d.get('checkpoint') or 'none'}",
+        "spawned": lambda: f" subtask {d.get('child')}",
+        "handed-off": lambda: f" to {d.get('to')} ({d.get('coder')})",
+        "merged": lambda: (
+            f" from {' '.join(d['from'])}" if "from" in d else f" into {d.get('into')}"
+        ),
+    }.get(row.action, lambda: "")()
+    return f"{row.task} {row.action} by {row.by}{extra}"
+
+
+def _fields(detail: Mapping[str, Any]) -> dict[str, Value]:
+    out: dict[str, Value] = {}
+    for key, value in detail.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = int(value)
+        elif isinstance(value, list | tuple):
+            value = " ".join(str(v) for v in value)
+        elif not isinstance(value, int | float | str):
+            value = str(value)
+        out["FLEET_" + key.upper()] = value
+    return out
+
+
+def journal(rows: Sequence[Row], program: str) -> None:
+    """The journal entries of committed audit rows (none without journald)."""
+    rows = [r for r in rows if r.action in ACTIONS]
+    if not rows or not os.path.exists(SOCKET):
         return
-    entry: dict[str, Value] = {
-        "MESSAGE": text,
-        "MESSAGE_ID": message_id,
-        "PRIORITY": 5,
-        "SYSLOG_IDENTIFIER": identifier,
-        "FLEET_TASK_ID": task_id,
-        "FLEET_EVENT": "audit",
-        "FLEET_ACTION": ACTIONS[message_id],
-        "FLEET_BY": by,
-        **fields,
-    }
-    journal = Journal()
+    sink = Journal()
     try:
-        with contextlib.suppress(OSError):
-            journal.send(entry)
+        for row in rows:
+            entry: dict[str, Value] = {
+                **_fields(row.detail),
+                "MESSAGE": describe(row),
+                "MESSAGE_ID": ACTIONS[row.action].message_id,
+                "PRIORITY": 5,
+                "SYSLOG_IDENTIFIER": program,
+                "FLEET_TASK_ID": row.task,
+                "FLEET_EVENT": "audit",
+                "FLEET_ACTION": row.action,
+                "FLEET_BY": row.by,
+            }
+            with contextlib.suppress(OSError):
+                sink.send(entry)
     finally:
-        journal.close()
+        sink.close()
 
 
 def person() -> str:
@@ -63,3 +213,9 @@ def person() -> str:
     except (KeyError, OSError):
         user = "unknown"
     return f"{user}@{socket.gethostname() or 'localhost'}"
+
+
+def who() -> str:
+    """Who runs `fleet` here: the agent of a task (fleet-run gives its coder FLEET_TASK_ID),
+    else the person."""
+    return "agent" if os.environ.get("FLEET_TASK_ID") else person()

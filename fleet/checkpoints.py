@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from fleet.audit import MSG_CHECKPOINTED, record
 from fleet.errors import FleetError, InputError
 from fleet.model import Checkpoint, CheckpointSpec, Task
 from fleet.store import Store
@@ -40,11 +39,9 @@ def workdir(task: Task) -> str:
     return task.cwd
 
 
-def take(
-    store: Store, task_id: str, by: str, summary: str, identifier: str = "fleet"
-) -> Checkpoint:
+def take(store: Store, task_id: str, by: str, summary: str) -> Checkpoint:
     """Record the next checkpoint of `task_id` (summary already checked), with its git ref when
-    the task works in a git repository; journal it as `by`."""
+    the task works in a git repository, taken by `by`."""
     from fleet import wipref
 
     task = store.get(task_id)
@@ -72,18 +69,6 @@ def take(
             wipref.point(snap.repo, cp.ref, snap.commit)
         except FleetError as e:
             cp = store.drop_checkpoint_ref(task_id, cp.n, f"no ref: {e.message}")
-    text = f"checkpoint {cp.n} of {task_id} by {by}: " + (cp.ref or cp.note or "no ref")
-    record(
-        MSG_CHECKPOINTED,
-        text,
-        task_id,
-        by,
-        identifier,
-        FLEET_CHECKPOINT=cp.n,
-        FLEET_ATTEMPT=cp.attempt,
-        FLEET_REF=cp.ref or "",
-        FLEET_SESSION=cp.session_id or "",
-    )
     return cp
 
 

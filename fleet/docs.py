@@ -31,7 +31,7 @@ from fleet.cli import cli
 from fleet.cli.app import TaskRef
 from fleet.commands import PROGRAMS
 from fleet.errors import EXIT_CODES, ConfigError
-from fleet.model import ATTEMPT_FIELDS, CHECKPOINT_FIELDS, TASK_FIELDS, Field
+from fleet.model import ATTEMPT_FIELDS, AUDIT_FIELDS, CHECKPOINT_FIELDS, TASK_FIELDS, Field
 from fleet.paths import resolve
 from fleet.settings import BUILTIN_CODERS, CODER_SETTINGS, SETTINGS, Setting, template
 
@@ -397,6 +397,7 @@ _JSON_TYPES = {
     "real": "number",
     "bool": "boolean",
     "list": "array of strings",
+    "object": "object",
 }
 
 
@@ -433,6 +434,9 @@ def json_output(root: click.Context) -> list[str]:
         f"{bold('fleet checkpoints --json')} lists checkpoint objects, oldest first, and"
         f" {bold('fleet checkpoint --json')} prints the one it took:",
         *field_list(CHECKPOINT_FIELDS),
+        ".PP",
+        f"{bold('fleet history --json')} lists a task's audit entries, oldest first:",
+        *field_list(AUDIT_FIELDS),
     ]
 
 

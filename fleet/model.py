@@ -22,10 +22,11 @@ class Status(enum.StrEnum):
     DONE = "done"  # closed as finished
     CANCELLED = "cancelled"  # withdrawn; never runs again unless retried
     SUSPENDED = "suspended"  # checkpointed and stopped by a person; never claimed until resumed
+    HANDED_OFF = "handed-off"  # its work goes on in a successor task (another coder or model)
 
     @property
     def final(self) -> bool:
-        return self in (Status.DONE, Status.CANCELLED)
+        return self in (Status.DONE, Status.CANCELLED, Status.HANDED_OFF)
 
 
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 4, 2
@@ -70,7 +71,7 @@ TASK_FIELDS: tuple[Field, ...] = (
         "status",
         "text",
         "ready, running, merging (finished, its branch waits to be merged back), blocked, done,"
-        " cancelled or suspended",
+        " cancelled, suspended or handed-off",
     ),
     Field("priority", "int", "0 (highest) to 4 (lowest)"),
     Field("cwd", "text", "absolute project directory the agent works in"),
@@ -128,6 +129,9 @@ TASK_FIELDS: tuple[Field, ...] = (
         "int",
         "the checkpoint the next attempt resumes from (set by `fleet resume ID`), or null",
     ),
+    Field("predecessor", "text", "the task this one took over from by a handoff, or null"),
+    Field("merged_from", "list", "ids of the tasks whose work this one consolidates"),
+    Field("handoff", "text", "the context the predecessor handed over, or null"),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -182,6 +186,9 @@ class Task(NamedTuple):
     merged_commit: str | None
     ahead: int | None
     resume_from: int | None
+    predecessor: str | None
+    merged_from: tuple[str, ...]
+    handoff: str | None
 
     @property
     def isolated(self) -> bool:
@@ -302,6 +309,8 @@ class TaskSpec(NamedTuple):
     isolation: str | None = None  # "none" or "worktree", resolved by `fleet add`
     base: str | None = None  # with worktree isolation: the branch to start from
     merge: str | None = None  # with worktree isolation: the merge-back strategy, None: setting
+    parent_waits: bool = False  # the parent depends on this task (its `after` gains it)
+    merged_from: tuple[str, ...] = ()  # the tasks it consolidates (full ids)
 
 
 class TaskEdit(NamedTuple):
@@ -386,6 +395,28 @@ class Checkpoint(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return _json(CHECKPOINT_FIELDS, self)
+
+
+AUDIT_FIELDS: tuple[Field, ...] = (
+    Field("id", "int", "the entry's number, increasing across the whole queue"),
+    Field("task", "text", "task id"),
+    Field("at", "text", "UTC ISO 8601 time of the action"),
+    Field("action", "text", "what was done: added, claimed, started, ended, closed, …"),
+    Field("by", "text", "who did it: the person (user@host), `agent`, or a program"),
+    Field("detail", "object", "what the action needs said (attempt, outcome, related tasks…)"),
+)
+
+
+class AuditEntry(NamedTuple):
+    id: int
+    task: str
+    at: str
+    action: str
+    by: str
+    detail: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
 
 
 class CheckpointSpec(NamedTuple):

@@ -25,11 +25,11 @@ def claim(quiet: bool) -> None:
     from fleet.claim import dispatch
     from fleet.config import load_or_last_good
     from fleet.paths import resolve
-    from fleet.store import open_store
+    from fleet.store import Actor, open_store
     from fleet.systemd import current_scope
 
     paths = resolve()
-    store = open_store(paths)
+    store = open_store(paths, Actor("fleet-claim", "fleet-claim"))
     try:
         config = load_or_last_good(paths)
         result = dispatch(paths, store, config, current_scope())
@@ -53,10 +53,10 @@ def settle(task_id: str, service: Service | None = None) -> tuple[str | None, st
     from fleet.config import load_or_last_good
     from fleet.paths import resolve
     from fleet.reap import settle as reap_settle
-    from fleet.store import open_store
+    from fleet.store import Actor, open_store
 
     paths = resolve()
-    store = open_store(paths)
+    store = open_store(paths, Actor("fleet-reap", "fleet-reap"))
     try:
         kind = reap_settle(paths, store, load_or_last_good(paths), task_id, service)
         task = store.get(task_id)

@@ -3,8 +3,10 @@
 Run as the unit's ExecStopPost, it reads the runner's outcome file (only if it belongs to this
 invocation and attempt), systemd's $SERVICE_RESULT / $EXIT_CODE / $EXIT_STATUS and the cgroup's
 OOM counter. The classification is one of OUTCOMES; the policy maps it to the task's next
-state with the retry and no-close limits. A person's close, block, cancel or suspend during the
-attempt always stands (a suspended attempt counts as nothing). A runner that died without an
+state with the retry and no-close limits. A person's close, block, cancel, suspend or handoff
+during the attempt always stands (a suspended or handed-off attempt counts as nothing), and an
+attempt that ends well but leaves its task waiting for subtasks it spawned is `waiting`: the
+task is ready again without counting, and claimed once they are done. A runner that died without an
 outcome (SIGKILL) could not commit its agent's work in a task's worktree, so that is committed
 here first. A worktree task whose attempt succeeded is not done yet: it goes to `merging`, and
 its branch is merged back here and now (fleet.merge), leaving it done, blocked, or merging still
@@ -43,6 +45,8 @@ OUTCOMES = (
     "rate-limited",  # the provider refused: requeued, the coder held back until its reset
     "context-pressure",  # fleet stopped it at context_pressure_pct: requeued, fresh context
     "suspended",  # a person suspended the task: it stays suspended until resumed, no count
+    "handed-off",  # the task went to a successor meanwhile: it stays handed-off, no count
+    "waiting",  # ended well, waiting for subtasks: ready again once they are done, no count
 )
 REQUEUED = ("interrupted", "rate-limited", "context-pressure")
 FAILURES = ("failure", "timeout", "oom", "watchdog", "lost")
@@ -107,12 +111,18 @@ def shutting_down() -> bool:
 
 
 def classify(
-    task: Task, found: outcome_file.Outcome | None, service: Service | None
+    task: Task,
+    found: outcome_file.Outcome | None,
+    service: Service | None,
+    spawned: tuple[str, ...] = (),
 ) -> tuple[str, str]:
-    """(outcome, reason) for the attempt that just ended."""
+    """(outcome, reason) for the attempt that just ended; `spawned`: the subtasks this attempt
+    added for the task to wait for."""
     if task.status == Status.SUSPENDED:
         # Suspended while it ran: however the stop ended it, that was the person's doing.
         return "suspended", task.reason or "suspended"
+    if task.status == Status.HANDED_OFF:
+        return "handed-off", task.reason or "handed off"
     if service is not None:
         if service.result == "watchdog":
             return "watchdog", "the runner stopped answering the watchdog"
@@ -125,6 +135,11 @@ def classify(
             return "killed", f"the runner was killed by SIG{service.status}"
         return "lost", "the runner ended without recording an outcome"
     if found.verdict == "success":
+        waits = (*task.waiting_on, *(s for s in spawned if s not in task.waiting_on))
+        if task.status == Status.RUNNING and waits:
+            # Its subtasks are the work now (a command's exit status closes nothing yet), and
+            # the next attempt reads their outcomes, even if they were quicker than this one.
+            return "waiting", "waiting for subtasks " + ", ".join(waits)
         if task.status == Status.DONE or found.closes_on_success:
             return "success", found.reason
         return "noclose", "the agent finished without closing the task"
@@ -143,6 +158,10 @@ def policy(task: Task, kind: str, reason: str, config: Config) -> tuple[Status, 
         return Status.BLOCKED, f"stopped by a person ({reason})"
     if kind == "suspended":  # `finish` keeps the status a person set during the attempt
         return Status.SUSPENDED, reason
+    if kind == "handed-off":
+        return Status.HANDED_OFF, reason
+    if kind == "waiting":
+        return Status.READY, reason
     if kind in REQUEUED:
         return Status.READY, f"{kind}: {reason}"
     if kind == "noclose":
@@ -176,7 +195,7 @@ def settle(
         return None
     if task.claimed_by != owner():
         return None
-    kind, reason = classify(task, found, service)
+    kind, reason = classify(task, found, service, spawned_now(store, task))
     if found is None and task.worktree:
         keep_work(task, kind)
     if kind == "killed" and service is not None and shutting_down():
@@ -225,6 +244,19 @@ def merge_back(paths: Paths, store: Store, config: Config, task: Task) -> Task:
     except FleetError as e:
         sys.stderr.write(f"fleet-reap: merge-back of {task.id}: {e.message}\n")
         return task
+
+
+def spawned_now(store: Store, task: Task) -> tuple[str, ...]:
+    """The subtasks the current attempt added and made its task wait for."""
+    if not task.after:
+        return ()
+    attempts = store.attempts(task.id)
+    if not attempts:
+        return ()
+    since = attempts[-1].started_at
+    return tuple(
+        c.id for c in store.children(task.id) if c.id in task.after and c.created_at >= since
+    )
 
 
 def keep_work(task: Task, kind: str) -> None:

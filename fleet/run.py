@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from fleet import checkpoints, coders, ids, outcome, questions, taskdir, worktree
+from fleet import checkpoints, coders, ids, lineage, outcome, questions, taskdir, worktree
 from fleet.coders.base import Coder, Event, Kind, RunSpec, Tally, Verdict
 from fleet.config import Config, load
 from fleet.errors import Conflict, FleetError, InputError
@@ -32,7 +32,7 @@ from fleet.notify import Notifier
 from fleet.paths import Paths, program, resolve
 from fleet.proc import child_env
 from fleet.redact import Redactor, secret_values
-from fleet.store import Store, open_store
+from fleet.store import Actor, Store, open_store
 from fleet.timeutil import iso
 
 MAX_LINE = 8 << 20  # a longer line is cut here and the rest of it skipped, never buffered
@@ -413,7 +413,7 @@ def keep(sink: Sink, place: worktree.Place, message: str) -> None:
 def attempt(task_id: str) -> int:
     paths = resolve()
     config = load(paths)
-    store = open_store(paths)
+    store = open_store(paths, Actor("fleet-run", "fleet-run"))
     try:
         return _attempt(paths, config, store, task_id)
     finally:
@@ -485,7 +485,8 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
             status="preparing the worktree", watchdog=1, extend_timeout_usec=GIT_GRACE_USEC
         )
         try:
-            place = worktree.ensure(task.id, task.cwd, task.base or "", paths.worktrees)
+            start = store.get(task.predecessor).branch if task.predecessor else None
+            place = worktree.ensure(task.id, task.cwd, task.base or "", paths.worktrees, start)
             task = store.set_worktree(task.id, me, place.branch, str(place.worktree))
         except FleetError as e:
             notifier.ready("not started")
@@ -502,6 +503,9 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     prompt = taskdir.compose_prompt(
         task, artifacts, previous, paths.config_file.parent, workdir=workdir
     )
+    notes = lineage.prompt_notes(paths, store, task)
+    if notes:
+        prompt = prompt.rstrip("\n") + "\n\n" + notes
     plan = resumption(store, task, coder_name, previous)
     resume = plan.session if plan and coder.resumes else None
     fresh = prompt + ("\n" + plan.fresh_note if plan else "")
@@ -560,6 +564,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
             Limits.of(config, coder, coder.model(spec)),
         )
         how = f", resuming session {spec.resume}" if spec.resume else ""
+        store.note(task.id, "started", attempt=task.attempts, coder=coder_name, pid=proc.pid)
         sink.lifecycle(
             MSG_STARTED,
             f"attempt {task.attempts} started: {coder_name} in {workdir} (pid {proc.pid}){how}",

@@ -137,8 +137,9 @@ CATALOG_FILE = "fleet.catalog"
 
 
 def catalog() -> str:
-    """journalctl -x explanations of fleet's lifecycle entries (MESSAGE_IDs in fleet.events)."""
-    from fleet.audit import MSG_CHECKPOINTED, MSG_RESUMED, MSG_SUSPENDED
+    """journalctl -x explanations of fleet's lifecycle entries (MESSAGE_IDs in fleet.events)
+    and of its audit trail (fleet.audit)."""
+    from fleet.audit import ACTIONS
     from fleet.events import MSG_ANSWER, MSG_ENDED, MSG_QUESTION, MSG_REFUSED, MSG_STARTED
 
     entries = (
@@ -178,29 +179,7 @@ def catalog() -> str:
             " question_timeout_seconds, or cancelled because the call or the task was stopped),"
             " and the agent has been told.",
         ),
-        (
-            MSG_CHECKPOINTED,
-            "A fleet task was checkpointed",
-            "@FLEET_BY@ took checkpoint @FLEET_CHECKPOINT@ of fleet task @FLEET_TASK_ID@: a"
-            " context summary, the coder's session, the pending questions and, when the task"
-            " works in a git repository, its work in progress as a ref (made without touching"
-            " the work tree or the index). `fleet checkpoints @FLEET_TASK_ID@` lists them.",
-        ),
-        (
-            MSG_SUSPENDED,
-            "A fleet task was suspended",
-            "@FLEET_BY@ suspended fleet task @FLEET_TASK_ID@ after checkpoint"
-            " @FLEET_CHECKPOINT@; a running attempt is stopped and does not count as a failure."
-            " The task is not claimed again until `fleet resume @FLEET_TASK_ID@`.",
-        ),
-        (
-            MSG_RESUMED,
-            "A fleet task was resumed",
-            "@FLEET_BY@ resumed fleet task @FLEET_TASK_ID@ from checkpoint @FLEET_CHECKPOINT@."
-            " Its next attempt resumes the coder's own session where the coder supports it,"
-            " and otherwise starts a fresh session whose prompt carries the checkpoint's"
-            " summary.",
-        ),
+        *((a.message_id, a.subject, a.explanation) for a in ACTIONS.values()),
     )
     blocks = [
         f"-- {mid}\nSubject: {subject}\nDefined-By: fleet\nDocumentation: man:fleet-run(1)"

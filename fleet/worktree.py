@@ -90,8 +90,12 @@ class Place(NamedTuple):
     created: bool  # whether this call created the worktree (first attempt, or re-created)
 
 
-def ensure(task_id: str, cwd: str, base: str, root: Path) -> Place:
-    """The task's worktree under `root`, created or re-created as needed (FleetError if not)."""
+def ensure(task_id: str, cwd: str, base: str, root: Path, start: str | None = None) -> Place:
+    """The task's worktree under `root`, created or re-created as needed (FleetError if not).
+
+    A new branch starts from the head of `base`, or of `start` when that branch exists (a
+    handed-off task's successor goes on from its predecessor's branch, and still merges back
+    into `base`)."""
     repo = toplevel(cwd)
     if repo is None:
         raise FleetError(f"{cwd} is no longer in a git repository")
@@ -107,6 +111,8 @@ def ensure(task_id: str, cwd: str, base: str, root: Path) -> Place:
             raise FleetError(f"{path} exists and is not a git worktree; move it aside")
         if has_branch(repo, branch):
             git(repo, "worktree", "add", str(path), branch)
+        elif start is not None and has_branch(repo, start):
+            git(repo, "worktree", "add", "-b", branch, str(path), start)
         elif not has_branch(repo, base):
             raise FleetError(f"the base branch {base!r} no longer exists in {repo}")
         else:

@@ -581,7 +581,9 @@ def test_codex_writes_a_file_and_closes_its_task(
         assert openai_responses.namespaces(body)["mcp__fleet"] == [
             "ask_human",
             "checkpoint",
+            "handoff",
             "notify_human",
+            "spawn_subtask",
             "task_blocked",
             "task_done",
         ]

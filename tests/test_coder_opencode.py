@@ -45,7 +45,15 @@ OPENCODE = ROOT / "tests" / "clis" / "node_modules" / ".bin" / "opencode"
 STREAMS = ROOT / "tests" / "fixtures" / "streams"
 BIN = os.path.dirname(fleet_exe())
 DEADLINE = 90.0
-FLEET_TOOLS = ("ask_human", "notify_human", "task_blocked", "task_done", "checkpoint")
+FLEET_TOOLS = (
+    "ask_human",
+    "notify_human",
+    "task_blocked",
+    "task_done",
+    "checkpoint",
+    "spawn_subtask",
+    "handoff",
+)
 ASK_TOOL = f"{MCP_SERVER}_ask_human"  # OpenCode names MCP tools <server>_<tool>
 # Where OpenCode keeps its state when HOME is /root: a test must leave them as they were.
 ROOT_STATE = tuple(

@@ -162,9 +162,11 @@ def test_unit_journal_reads_as_a_transcript(fleet: Fleet) -> None:
         "→ Bash: ls",
         "← README.md",
         "tokens in 1200 out 30",
-        task_id,  # what `fleet close` printed: not an event, so a raw line
+        f"{task_id} closed by agent",  # the audit trail's entry of `fleet close` …
+        task_id,  # … and what it printed: not an event, so a raw line
         "result (ok): all done",
         "attempt 1 ended: success",
+        f"{task_id} ended by fleet-reap: attempt 1 success, now done",
         reaped,
     ]
     tool = fleet.entries(task_id, "FLEET_EVENT=tool_call")
@@ -458,7 +460,11 @@ def test_fleet_logs_shows_every_attempt(fleet: Fleet) -> None:
         (2, "output", "second try"),
         (2, "lifecycle", "attempt 2 ended: success"),
     ]
-    records = [json.loads(line) for line in fleet("logs", task_id, "--json").stdout.splitlines()]
+    logged = [json.loads(line) for line in fleet("logs", task_id, "--json").stdout.splitlines()]
+    # The audit trail's entries come along (`fleet history` has them all); the rest is events.
+    trail = [r["message"].split()[1] for r in logged if r["event"] == "audit"]
+    assert trail == ["added", "claimed", "ended", "claimed", "ended"]
+    records = [r for r in logged if r["event"] != "audit"]
     for rec in records:
         assert {"time", "attempt", "event", "message"} <= set(rec), rec
         assert datetime.fromisoformat(rec["time"].replace("Z", "+00:00")).tzinfo is not None
@@ -468,7 +474,7 @@ def test_fleet_logs_shows_every_attempt(fleet: Fleet) -> None:
 
     def plain(*options: str) -> list[tuple[int, str, str]]:
         out = fleet("logs", task_id, *options).stdout.splitlines()
-        matches = [pattern.fullmatch(line) for line in out]
+        matches = [pattern.fullmatch(line) for line in out if " audit " not in line]
         assert all(matches), out
         return shape([(int(m[1]), m[2], m[3]) for m in matches if m])
 
@@ -610,10 +616,12 @@ def test_follow_then_resume_from_the_cursor_file(fleet: Fleet) -> None:
     fleet.finish(task_id)
     resumed = fleet("logs", task_id, "--json", "--cursor-file", str(cursor)).stdout
     rest = [json.loads(line) for line in resumed.splitlines()]
-    journal = [text(e["MESSAGE"]) for e in fleet.entries(task_id)]
-    assert journal[0].startswith("attempt 1 started: replay")
-    assert journal[-2:] == [task_id, "attempt 1 ended: success"]
-    assert len(journal) == 33
+    entries = fleet.entries(task_id)
+    journal = [text(e["MESSAGE"]) for e in entries]
+    events = [text(e["MESSAGE"]) for e in entries if e.get("FLEET_EVENT") != "audit"]
+    assert events[0].startswith("attempt 1 started: replay")
+    assert events[-2:] == [task_id, "attempt 1 ended: success"]
+    assert len(events) == 33
     assert [r["message"] for r in shown + rest] == journal
     assert rest, "interrupted mid-stream, so the last run has the rest to print"
     again = fleet("logs", task_id, "--json", "--cursor-file", str(cursor))

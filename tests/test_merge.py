@@ -531,3 +531,19 @@ def test_a_slow_merge_back_outlasts_the_watchdog(units: UnitFleet, tmp_path: Pat
     # Merged by the runner itself, not undone by the watchdog and redone by the next pass.
     result = units.box.systemctl("show", "-p", "Result", "--value", f"fleet-task@{task_id}")
     assert result.stdout.strip() == "success"
+
+
+def test_a_successor_goes_on_from_the_branch_and_merges_into_the_base(
+    fleet: Fleet, repo: Path, go: Path
+) -> None:
+    a = started(fleet, repo, go, "echo a > a.txt", "--merge", "rebase")
+    wip = git(repo, "rev-parse", f"fleet/{a}")
+    successor = fleet.ok("handoff", a, "--to", "command").strip()
+    shown = fleet.show(successor)
+    assert (shown["isolation"], shown["base"], shown["merge"]) == ("worktree", "main", "rebase")
+    task = finish(fleet, repo, go, successor)
+    assert (task["status"], task["merge_state"]) == ("done", "merged")
+    # Its branch started at the predecessor's work, and both went back into main.
+    assert git(repo, "merge-base", "--is-ancestor", wip, "main") == ""
+    assert (repo / "a.txt").read_text() == "a\n"
+    assert subjects(repo, "main")[-2:] == [f"fleet: work in progress of {a}, attempt 1", "init"]

@@ -16,6 +16,7 @@ from fleet.model import (
     MAX_PRIORITY,
     MERGE_STRATEGIES,
     MIN_PRIORITY,
+    Task,
     TaskSpec,
 )
 from fleet.output import emit_object, emit_objects, fmt_of, output_options
@@ -61,7 +62,18 @@ BATCH_KEYS = (
 )
 @click.option("--after", "after", type=TASK, multiple=True, help="Run only once this task is done.")
 @click.option("--label", "labels", multiple=True, metavar="LABEL", help="Attach a label.")
-@click.option("--parent", type=TASK, help="Record this task as a subtask of another.")
+@click.option(
+    "--parent",
+    type=TASK,
+    help="Record this task as a subtask of another; it works in the parent's directory, with"
+    " its isolation and base, unless --cwd, --isolation or --base say otherwise.",
+)
+@click.option(
+    "--parent-waits",
+    is_flag=True,
+    help="The parent depends on this subtask: it is claimed again only once this is done, and"
+    " its prompt then lists its subtasks' outcomes.",
+)
 @click.option(
     "--isolation",
     type=click.Choice(ISOLATIONS),
@@ -99,6 +111,7 @@ def add(
     after: tuple[str, ...],
     labels: tuple[str, ...],
     parent: str | None,
+    parent_waits: bool,
     isolation: str | None,
     base: str | None,
     merge: str | None,
@@ -114,6 +127,8 @@ def add(
     from fleet.store.base import BadSpec
 
     lines: list[int] = []
+    if parent_waits and parent is None:
+        raise InputError("--parent-waits needs --parent", hint="fleet add TITLE --parent ID ...")
     if batch is not None:
         if title is not None:
             raise InputError("give either a TITLE or --batch, not both")
@@ -127,7 +142,11 @@ def add(
     else:
         if title is None:
             raise InputError("missing TITLE", hint='fleet add "what to do" --cwd DIR')
-        directory = inputs.cwd(cwd)
+        directory = inputs.cwd(cwd) if cwd or parent is None else app.store.get(parent).cwd
+        if parent is not None:
+            isolation, base, merge = inherit(
+                app.store.get(parent), directory, isolation, base, merge
+            )
         isolation, base = isolate(app, directory, isolation, base, merge, "--")
         specs = [
             TaskSpec(
@@ -143,6 +162,7 @@ def add(
                 isolation=isolation,
                 base=base,
                 merge=merge,
+                parent_waits=parent_waits,
             )
         ]
     try:
@@ -161,6 +181,19 @@ def add(
         emit_object(tasks[0].to_json())
     else:
         emit_objects((t.to_json() for t in tasks), out)
+
+
+def inherit(
+    parent: Task, cwd: str, isolation: str | None, base: str | None, merge: str | None
+) -> tuple[str | None, str | None, str | None]:
+    """A subtask's isolation, base and merge strategy: the parent's, unless given (its base
+    and strategy only in the parent's repository)."""
+    if isolation is None:
+        isolation = parent.isolation or "none"
+    if isolation == "worktree" and parent.isolated and cwd == parent.cwd:
+        base = base if base is not None else parent.base
+        merge = merge if merge is not None else parent.merge
+    return isolation, base, merge
 
 
 def isolate(

@@ -118,10 +118,13 @@ MODULES = {
     "config": "config_cmd",
     "doctor": "setup",
     "edit": "change",
+    "handoff": "lineage",
+    "history": "lineage",
     "kill": "control",
     "logs": "logs",
     "ls": "listing",
     "merge": "control",
+    "merge-tasks": "lineage",
     "pause": "control",
     "questions": "questions",
     "ready": "listing",
@@ -130,6 +133,7 @@ MODULES = {
     "setup": "setup",
     "show": "listing",
     "suspend": "suspend",
+    "tree": "lineage",
     "wait": "control",
 }
 

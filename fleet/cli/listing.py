@@ -203,6 +203,8 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("labels", opt(", ".join(task.labels))),
             ("after", opt(", ".join(task.after))),
             ("parent", opt(task.parent)),
+            ("predecessor", opt(task.predecessor)),
+            ("merged from", opt(", ".join(task.merged_from))),
             ("isolation", task.isolation or "none"),
             *_isolation_rows(task),
             ("attempts", f"{task.attempts} (failures {task.failures}, no-close {task.noclose})"),

@@ -54,9 +54,9 @@ def checkpoint(app: App, task_id: str, summary: str | None, as_json: bool) -> No
     current or last attempt, and its pending questions. Prints N.
     """
     from fleet import checkpoints
-    from fleet.audit import person
+    from fleet.audit import who
 
-    by = person()
+    by = who()
     cp = checkpoints.take(app.store, task_id, by, _summary(summary, f"checkpoint by {by}"))
     if as_json:
         emit_object(cp.to_json())
@@ -105,7 +105,7 @@ def suspend(app: App, task_id: str, summary: str | None, no_block: bool) -> None
     attempt resumes the coder's own session where it can. Prints the checkpoint's number.
     """
     from fleet import checkpoints
-    from fleet.audit import MSG_SUSPENDED, person, record
+    from fleet.audit import who
 
     task = app.store.get(task_id)
     if task.status not in (Status.READY, Status.RUNNING):
@@ -113,17 +113,10 @@ def suspend(app: App, task_id: str, summary: str | None, no_block: bool) -> None
             f"cannot suspend {task_id}: it is {task.status}",
             hint="only ready and running tasks can be suspended",
         )
-    by = person()
+    by = who()
     text = _summary(summary, f"suspended by {by}")
     cp = checkpoints.take(app.store, task_id, by, text)
-    task = app.store.suspend(task_id, f"suspended by {by} at checkpoint {cp.n}")
-    record(
-        MSG_SUSPENDED,
-        f"{task_id} suspended by {by} at checkpoint {cp.n}",
-        task_id,
-        by,
-        FLEET_CHECKPOINT=cp.n,
-    )
+    task = app.store.suspend(task_id, f"suspended by {by} at checkpoint {cp.n}", cp.n)
     if task.claimed_by is not None:
         _stop(app, task_id, block=not no_block)
     _said(cp)

@@ -6,13 +6,17 @@ here without touching them.
 
 from __future__ import annotations
 
+from fleet.audit import Actor
 from fleet.paths import Paths
 from fleet.store.base import Store, TaskFilter
 
-__all__ = ["Store", "TaskFilter", "open_store"]
+__all__ = ["Actor", "Store", "TaskFilter", "open_store"]
 
 
-def open_store(paths: Paths) -> Store:
+def open_store(paths: Paths, actor: Actor | None = None) -> Store:
+    """The store, whose changes the audit trail puts down to `actor` (by default whoever runs
+    `fleet` here: the agent of a task, or the person)."""
+    from fleet.audit import who
     from fleet.store.sqlite import SQLiteStore
 
-    return SQLiteStore.open(paths)
+    return SQLiteStore.open(paths, actor or Actor(who(), "fleet"))

@@ -10,6 +10,12 @@ Semantics every backend must keep (the SQLite one today, PostgreSQL later):
   checkpoint its next attempt resumes from (`resume_from`, cleared when that attempt ends);
 - checkpoints of a task are numbered 1, 2, … in the order they are taken, and each records the
   session of the task's newest attempt that has one and the questions pending at that moment;
+- a handoff ends the original as `handed-off` (a running attempt goes on until stopped, and
+  `finish` keeps the status) and adds its successor in one transaction; tasks that waited for
+  the original wait for the successor instead;
+- a subtask added with `parent_waits` becomes a dependency of its parent, in the same
+  transaction, so the parent is claimed again only once the subtask is done;
+- every change writes its audit row (`history`) in its own transaction, as `actor`;
 - a question leaves `pending` exactly once (answered, expired or cancelled), so the first answer
   wins; `finish` cancels the questions the ending attempt left pending; `tasks.question` names
   the newest pending question of the task, or nothing;
@@ -24,10 +30,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
+from fleet.audit import Actor
 from fleet.errors import InputError
 from fleet.model import (
     Attempt,
     AttemptEnd,
+    AuditEntry,
     Checkpoint,
     CheckpointSpec,
     MergeMark,
@@ -59,6 +67,8 @@ class TaskFilter(NamedTuple):
 
 
 class Store(Protocol):
+    actor: Actor  # whom the audit trail names for this connection's changes
+
     def close(self) -> None: ...
 
     # Reading
@@ -79,6 +89,18 @@ class Store(Protocol):
         ...
 
     def attempts(self, task_id: str) -> list[Attempt]: ...
+
+    def children(self, task_id: str) -> list[Task]:
+        """The task's subtasks, oldest first."""
+        ...
+
+    def history(self, task_id: str) -> list[AuditEntry]:
+        """The task's audit trail, oldest first."""
+        ...
+
+    def note(self, task_id: str, action: str, **detail: Any) -> None:
+        """An audit row for an action that changes nothing in the store (`started`)."""
+        ...
 
     def claims(self, owner: str | None = None) -> list[Task]:
         """Tasks with a claim (of `owner`, or of anyone)."""
@@ -109,7 +131,7 @@ class Store(Protocol):
         """Back to ready with failure and no-close counters reset."""
         ...
 
-    def suspend(self, task_id: str, reason: str) -> Task:
+    def suspend(self, task_id: str, reason: str, checkpoint: int | None = None) -> Task:
         """A ready or running task becomes suspended (a running attempt goes on until its unit
         is stopped, and `finish` then keeps the status)."""
         ...
@@ -117,6 +139,11 @@ class Store(Protocol):
     def resume_task(self, task_id: str, checkpoint: int | None) -> Task:
         """A suspended task, its attempt over, back to ready, to resume from `checkpoint` (by
         default the newest; none if it has none); Conflict or NotFound otherwise."""
+        ...
+
+    def handoff(self, task_id: str, successor: TaskSpec, context: str | None) -> Task:
+        """End the task as handed-off and add `successor` (its predecessor link and the handed
+        over `context` recorded); Conflict if the task is finished. Returns the successor."""
         ...
 
     def add_checkpoint(self, task_id: str, spec: CheckpointSpec) -> Checkpoint:

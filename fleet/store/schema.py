@@ -202,6 +202,31 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (task, n)
         ) WITHOUT ROWID""",
     ),
+    (
+        # The `handed-off` status. Widened at the front of the list, so the replacement does
+        # not depend on how the list ends (another migration may add statuses there).
+        "PRAGMA writable_schema = ON",
+        "UPDATE sqlite_schema SET sql = replace(sql, 'status IN (''ready'',',"
+        " 'status IN (''handed-off'', ''ready'',') WHERE type = 'table' AND name = 'tasks'",
+        "PRAGMA writable_schema = RESET",
+        # Lineage: the task this one took over from (a handoff), the tasks it consolidates
+        # (a merge), and the context its predecessor handed over.
+        "ALTER TABLE tasks ADD COLUMN predecessor TEXT REFERENCES tasks(id)",
+        "ALTER TABLE tasks ADD COLUMN merged_from TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE tasks ADD COLUMN handoff TEXT",
+        "CREATE INDEX tasks_predecessor ON tasks (predecessor) WHERE predecessor IS NOT NULL",
+        # The audit trail: one row per action on a task, written in the transaction of the
+        # change it records; `id` orders it (times may tie within a transaction).
+        """CREATE TABLE audit (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            task TEXT NOT NULL REFERENCES tasks(id),
+            at TEXT NOT NULL,
+            action TEXT NOT NULL,
+            by TEXT NOT NULL,
+            detail TEXT NOT NULL DEFAULT '{}'
+        )""",
+        "CREATE INDEX audit_task ON audit (task, id)",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

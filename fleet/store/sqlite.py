@@ -9,7 +9,9 @@ Invariants:
 - every transition's UPDATE carries the state it expects in its WHERE clause, so the code stays
   correct on a backend without a global write lock;
 - tasks are read as JSON built by SQLite from `TASK_FIELDS`, so `--json` output and `Task`
-  objects come from one expression.
+  objects come from one expression;
+- every change a person, an agent or a program makes writes its `audit` row (fleet.audit) in
+  its own transaction, as `actor`; the rows are journaled only once committed.
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from fleet import ids
-from fleet.errors import Conflict, InputError, NotFound, StoreError
+from fleet import audit, ids
+from fleet.errors import Conflict, FleetError, InputError, NotFound, StoreError
 from fleet.model import (
     ATTEMPT_FIELDS,
+    AUDIT_FIELDS,
     CHECKPOINT_FIELDS,
     QUESTION_FIELDS,
     TASK_FIELDS,
     Attempt,
     AttemptEnd,
+    AuditEntry,
     Checkpoint,
     CheckpointSpec,
     Field,
@@ -51,12 +55,20 @@ from fleet.store.schema import APPLICATION_ID, MIGRATIONS, VERSION
 from fleet.timeutil import iso, now_iso
 
 BUSY_TIMEOUT_S = 60.0
-FINAL = (Status.DONE.value, Status.CANCELLED.value)
+DONE_ACTION = {
+    "close": "closed",
+    "block": "blocked",
+    "cancel": "cancelled",
+    "retry": "retried",
+    "suspend": "suspended",
+}
+FINAL = tuple(s.value for s in Status if s.final)
 
 
 def _task_json_sql(t: str = "t") -> str:
     exprs = {
         "labels": f"json({t}.labels)",
+        "merged_from": f"json({t}.merged_from)",
         # Most tasks have no dependencies: an index probe is much cheaper than an aggregate.
         "after": (
             f"CASE WHEN EXISTS (SELECT 1 FROM deps d WHERE d.task = {t}.id) THEN"
@@ -102,6 +114,7 @@ READY_WHERE = (
     " WHERE d.task = t.id AND u.status != 'done')"
 )
 ATTEMPT_COLUMNS = ", ".join(f.name for f in ATTEMPT_FIELDS)
+AUDIT_COLUMNS = ", ".join(f.name for f in AUDIT_FIELDS)
 
 
 @contextmanager
@@ -124,13 +137,17 @@ def _db_errors(path: object) -> Iterator[None]:
 
 
 class SQLiteStore:
-    def __init__(self, db: sqlite3.Connection, lock_fd: int, path: object) -> None:
+    def __init__(
+        self, db: sqlite3.Connection, lock_fd: int, path: object, actor: audit.Actor
+    ) -> None:
         self._db = db
         self._lock_fd = lock_fd
         self._path = path
+        self.actor = actor
+        self._trail: list[audit.Row] = []  # the audit rows of the open write transaction
 
     @classmethod
-    def open(cls, paths: Paths) -> SQLiteStore:
+    def open(cls, paths: Paths, actor: audit.Actor) -> SQLiteStore:
         ensure_dir(paths.home)
         try:
             lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -140,7 +157,7 @@ class SQLiteStore:
             db = sqlite3.connect(
                 paths.db, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
             )
-        store = cls(db, lock_fd, paths.db)
+        store = cls(db, lock_fd, paths.db, actor)
         store._prepare()
         return store
 
@@ -221,15 +238,46 @@ class SQLiteStore:
     def _write(self) -> Iterator[sqlite3.Connection]:
         with _db_errors(self._path), self._locked():
             self._db.execute("BEGIN IMMEDIATE")
+            self._trail = []
             try:
                 yield self._db
             except BaseException:
                 self._db.execute("ROLLBACK")
+                self._trail = []
                 raise
             self._db.execute("COMMIT")
             # Announce the commit: the WAL's last write comes before the commit is visible
             # (that happens in shared memory, which inotify cannot see); this comes after.
             os.utime(self._lock_fd)
+        trail, self._trail = self._trail, []
+        audit.journal(trail, self.actor.program)
+
+    def _audit(self, db: sqlite3.Connection, task_id: str, action: str, **detail: Any) -> None:
+        """Record `action` on `task_id` in the open write transaction."""
+        detail = {k: v for k, v in detail.items() if v is not None}
+        db.execute(
+            "INSERT INTO audit (task, at, action, by, detail) VALUES (?, ?, ?, ?, ?)",
+            (task_id, now_iso(), action, self.actor.by, json.dumps(detail, ensure_ascii=False)),
+        )
+        self._trail.append(audit.Row(task_id, action, self.actor.by, detail))
+
+    def note(self, task_id: str, action: str, **detail: Any) -> None:
+        with self._write() as db:
+            self._audit(db, task_id, action, **detail)
+
+    def history(self, task_id: str) -> list[AuditEntry]:
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {AUDIT_COLUMNS} FROM audit WHERE task = ? ORDER BY id", (task_id,)
+            ).fetchall()
+        return [AuditEntry(n, t, at, act, by, json.loads(d)) for n, t, at, act, by, d in rows]
+
+    def children(self, task_id: str) -> list[Task]:
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {TASK_JSON} FROM tasks t WHERE t.parent = ? ORDER BY t.seq", (task_id,)
+            ).fetchall()
+        return [Task.from_json(json.loads(r[0])) for r in rows]
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -275,7 +323,7 @@ class SQLiteStore:
             where.append(f"t.status IN ({','.join('?' * len(flt.statuses))})")
             args.extend(s.value for s in flt.statuses)
         elif not flt.include_final:
-            where.append("t.status NOT IN (?, ?)")
+            where.append(f"t.status NOT IN ({','.join('?' * len(FINAL))})")
             args.extend(FINAL)
         if flt.label is not None:
             where.append("EXISTS (SELECT 1 FROM json_each(t.labels) WHERE value = ?)")
@@ -328,9 +376,12 @@ class SQLiteStore:
         now = now_iso()
         with self._write() as db:
             for i, spec in enumerate(specs):
-                for dep in (*spec.after, *((spec.parent,) if spec.parent else ())):
+                named = (*spec.after, *((spec.parent,) if spec.parent else ()), *spec.merged_from)
+                for dep in named:
                     if not dep.startswith("ref:") and not self._exists(db, dep):
                         raise BadSpec(i, f"no task {dep}")
+                if spec.parent_waits and not spec.parent:
+                    raise BadSpec(i, "only a subtask's parent can wait for it")
             for spec in specs:
                 new_ids.append(self._insert(db, spec, now))
             refs = {s.ref: new_ids[i] for i, s in enumerate(specs) if s.ref}
@@ -347,6 +398,22 @@ class SQLiteStore:
                     "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
                     [(new_ids[i], real(dep)) for dep in spec.after],
                 )
+                if spec.merged_from:
+                    db.execute(
+                        "UPDATE tasks SET merged_from = ? WHERE id = ?",
+                        (json.dumps(list(spec.merged_from)), new_ids[i]),
+                    )
+            for i, spec in enumerate(specs):
+                self._audit_added(db, new_ids[i], spec, real(spec.parent) if spec.parent else None)
+                if spec.parent and spec.parent_waits:
+                    try:
+                        self._check_dependency(db, real(spec.parent), new_ids[i])
+                    except FleetError as e:
+                        raise BadSpec(i, e.message, e.hint) from None
+                    db.execute(
+                        "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
+                        (real(spec.parent), new_ids[i]),
+                    )
             if len(specs) > 50:
                 # Re-reading thousands of rows one by one would dominate a batch add.
                 rows = db.execute(
@@ -357,6 +424,17 @@ class SQLiteStore:
                 by_id = {t.id: t for t in (Task.from_json(json.loads(r[0])) for r in rows)}
                 return [by_id[i] for i in new_ids]
             return [self._fetch(db, i) for i in new_ids]
+
+    def _audit_added(
+        self, db: sqlite3.Connection, task_id: str, spec: TaskSpec, parent: str | None
+    ) -> None:
+        self._audit(db, task_id, "added", title=spec.title, parent=parent)
+        if parent:
+            self._audit(db, parent, "spawned", child=task_id, parent_waits=spec.parent_waits)
+        if spec.merged_from:
+            self._audit(db, task_id, "merged", **{"from": list(spec.merged_from)})
+            for source in spec.merged_from:
+                self._audit(db, source, "merged", into=task_id)
 
     @staticmethod
     def _check_refs(specs: Sequence[TaskSpec]) -> None:
@@ -463,11 +541,15 @@ class SQLiteStore:
                 "DELETE FROM deps WHERE task = ? AND after = ?",
                 [(task_id, d) for d in change.remove_after],
             )
+            changed = sorted(sets)
+            if change.add_after or change.remove_after:
+                changed.append("after")
             sets["updated_at"] = now_iso()
             db.execute(
                 "UPDATE tasks SET " + ", ".join(f"{k} = ?" for k in sets) + " WHERE id = ?",
                 (*sets.values(), task_id),
             )
+            self._audit(db, task_id, "edited", fields=changed)
             return self._fetch(db, task_id)
 
     def _check_dependency(self, db: sqlite3.Connection, task_id: str, dep: str) -> None:
@@ -508,6 +590,7 @@ class SQLiteStore:
         sets: str,
         args: tuple[Any, ...],
         idle: bool = False,
+        **detail: Any,
     ) -> Task:
         """Move `task_id` with `sets` iff its status is in `allowed` (and no attempt if idle)."""
         now = now_iso()
@@ -527,6 +610,7 @@ class SQLiteStore:
                         hint=f"wait for it to end, or stop it first (fleet kill {task_id})",
                     )
                 raise Conflict(f"cannot {verb} {task_id}: it is {cur.status}")
+            self._audit(db, task_id, DONE_ACTION[verb], **detail)
             return self._fetch(db, task_id)
 
     def close_task(self, task_id: str, reason: str | None) -> Task:
@@ -537,12 +621,13 @@ class SQLiteStore:
             allowed,
             "status = 'done', reason = ?, finished_at = ?",
             (reason, now_iso()),
+            reason=reason,
         )
 
     def block(self, task_id: str, reason: str) -> Task:
         allowed = (Status.READY, Status.RUNNING, Status.MERGING, Status.BLOCKED, Status.SUSPENDED)
         return self._transition(
-            task_id, "block", allowed, "status = 'blocked', reason = ?", (reason,)
+            task_id, "block", allowed, "status = 'blocked', reason = ?", (reason,), reason=reason
         )
 
     def cancel(self, task_id: str, reason: str | None) -> Task:
@@ -553,6 +638,7 @@ class SQLiteStore:
             allowed,
             "status = 'cancelled', reason = ?, finished_at = ?",
             (reason, now_iso()),
+            reason=reason,
         )
 
     def retry(self, task_id: str) -> Task:
@@ -567,11 +653,16 @@ class SQLiteStore:
             idle=True,
         )
 
-    def suspend(self, task_id: str, reason: str) -> Task:
+    def suspend(self, task_id: str, reason: str, checkpoint: int | None = None) -> Task:
         # A running attempt goes on until its unit is stopped; `finish` then keeps `suspended`.
         allowed = (Status.READY, Status.RUNNING)
         return self._transition(
-            task_id, "suspend", allowed, "status = 'suspended', reason = ?", (reason,)
+            task_id,
+            "suspend",
+            allowed,
+            "status = 'suspended', reason = ?",
+            (reason,),
+            checkpoint=checkpoint,
         )
 
     def resume_task(self, task_id: str, checkpoint: int | None) -> Task:
@@ -605,7 +696,44 @@ class SQLiteStore:
                 " updated_at = ? WHERE id = ? AND status = 'suspended' AND claimed_by IS NULL",
                 (checkpoint, now_iso(), task_id),
             )
+            self._audit(db, task_id, "resumed", checkpoint=checkpoint)
             return self._fetch(db, task_id)
+
+    def handoff(self, task_id: str, successor: TaskSpec, context: str | None) -> Task:
+        allowed = (Status.READY, Status.RUNNING, Status.BLOCKED, Status.SUSPENDED)
+        now = now_iso()
+        with self._write() as db:
+            cur = self._fetch(db, task_id)
+            if cur.status not in allowed:
+                raise Conflict(
+                    f"cannot hand {task_id} off: it is {cur.status}",
+                    hint="only a ready, running, blocked or suspended task can be handed off",
+                )
+            new_id = self._insert(db, successor, now)
+            db.execute(
+                "UPDATE tasks SET predecessor = ?, handoff = ?, parent = ? WHERE id = ?",
+                (task_id, context, successor.parent, new_id),
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
+                [(new_id, dep) for dep in successor.after],
+            )
+            # Whoever waited for the original's work now waits for the successor's.
+            db.execute("UPDATE OR IGNORE deps SET after = ? WHERE after = ?", (new_id, task_id))
+            db.execute("DELETE FROM deps WHERE after = ?", (task_id,))
+            coder = successor.coder or "the default coder"
+            if successor.model:
+                coder += f":{successor.model}"
+            db.execute(
+                "UPDATE tasks SET status = 'handed-off', reason = ?, finished_at = ?,"
+                " updated_at = ? WHERE id = ?",
+                (f"handed off to {new_id} ({coder})", now, now, task_id),
+            )
+            self._audit(
+                db, task_id, "handed-off", to=new_id, coder=successor.coder, model=successor.model
+            )
+            self._audit(db, new_id, "added", title=successor.title, predecessor=task_id)
+            return self._fetch(db, new_id)
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -646,6 +774,15 @@ class SQLiteStore:
                     row[0] if row else None,
                     json.dumps([q for (q,) in pending]),
                 ),
+            )
+            self._audit(
+                db,
+                task_id,
+                "checkpointed",
+                checkpoint=n,
+                attempt=task.attempts,
+                ref=ref,
+                session=row[0] if row else None,
             )
             return self._checkpoint(db, task_id, n)
 
@@ -729,8 +866,8 @@ class SQLiteStore:
                 return None
             return self._fetch(db, task_id)
 
-    @staticmethod
     def _claim(
+        self,
         db: sqlite3.Connection,
         task_id: str,
         owner: str,
@@ -761,6 +898,7 @@ class SQLiteStore:
             "INSERT INTO attempts (task, n, owner, started_at) VALUES (?, ?, ?, ?)",
             (task_id, row[0], owner, now),
         )
+        self._audit(db, task_id, "claimed", attempt=row[0], owner=owner)
         return task_id
 
     def set_worktree(self, task_id: str, owner: str, branch: str, worktree: str) -> Task:
@@ -946,7 +1084,17 @@ class SQLiteStore:
                 )
             # The agent that asked is gone: nobody is left to receive an answer.
             self._end_pending(db, "task = ?", (task_id,), QuestionStatus.CANCELLED, now)
-            return self._fetch(db, task_id)
+            after = self._fetch(db, task_id)
+            self._audit(
+                db,
+                task_id,
+                "ended",
+                attempt=row[0],
+                outcome=end.outcome,
+                status=after.status.value,
+                reason=after.reason,
+            )
+            return after
 
     # -- merge-back ----------------------------------------------------------------------------
 
@@ -1052,6 +1200,7 @@ class SQLiteStore:
             else:
                 raise StoreError("could not draw an unused question id")
             db.execute("UPDATE tasks SET question = ? WHERE id = ?", (qid, task_id))
+            self._audit(db, task_id, "asked", question=qid, kind=kind.value)
             return self._question(db, qid)
 
     def _question(self, db: sqlite3.Connection, qid: str) -> Question:
@@ -1120,6 +1269,7 @@ class SQLiteStore:
             if row is None:
                 raise not_pending(self._question(db, qid))
             self._point_at_pending(db, row[0])
+            self._audit(db, row[0], "answered", question=qid)
             return self._question(db, qid)
 
     def end_question(self, qid: str, status: QuestionStatus) -> Question | None:

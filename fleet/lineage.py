@@ -1,0 +1,189 @@
+"""How work moves between tasks: subtasks, handoffs and merges, and what each one is told.
+
+Invariants:
+- a subtask inherits its parent's directory, isolation and base unless told otherwise; a
+  parent that waits for it depends on it (`after`), so waiting is the queue's ordinary
+  dependency rule and needs no state of its own: the parent's attempt ends as `waiting`
+  (fleet-reap), and its next attempt is claimed once every subtask it waits for is done;
+- a handoff is accepted only for a coder that is configured and whose program is here (the
+  check `fleet doctor` makes); a refused one changes nothing and says why;
+- a handoff's successor and a merge task start from the work they continue: a successor of a
+  worktree task branches from the predecessor's branch, a merge task depends on the tasks it
+  consolidates (or on the successors they were handed off to);
+- the texts added to a prompt (subtasks' outcomes, the handoff context with the predecessor's
+  newest checkpoint summary, the branches and artifacts to consolidate) are built here, from
+  the store at the start of the attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from fleet.config import Config
+from fleet.errors import Conflict, InputError
+from fleet.model import Status, Task, TaskSpec
+from fleet.paths import Paths
+from fleet.store import Store
+
+MAX_CONTEXT = 20_000  # characters; the successor's model reads it at the start
+
+
+def subtask(
+    parent: Task,
+    title: str,
+    description: str = "",
+    coder: str | None = None,
+    model: str | None = None,
+    waits: bool = False,
+) -> TaskSpec:
+    """A subtask of `parent` in its directory, with its isolation and base."""
+    return TaskSpec(
+        title=title,
+        cwd=parent.cwd,
+        description=description,
+        coder=coder,
+        model=model,
+        priority=parent.priority,
+        parent=parent.id,
+        isolation=parent.isolation or "none",
+        base=parent.base if parent.isolated else None,
+        merge=parent.merge if parent.isolated else None,
+        parent_waits=waits,
+    )
+
+
+def target(text: str) -> tuple[str, str | None]:
+    """CODER[:MODEL] as (coder, model)."""
+    coder, _, model = text.strip().partition(":")
+    if not coder:
+        raise InputError(f"no coder in {text!r}", hint="give CODER or CODER:MODEL")
+    return coder, model or None
+
+
+def handoff(
+    store: Store,
+    config: Config,
+    task_id: str,
+    coder: str,
+    model: str | None,
+    context: str | None,
+) -> Task:
+    """Offer the task to `coder` (and `model`); the successor if accepted, else InputError
+    (no such coder) or Conflict (not usable here, or the task is finished)."""
+    from fleet import inputs
+    from fleet.cli.setup import coder_check
+
+    coder = inputs.name("coder", coder)
+    model = inputs.name("model", model) if model else None
+    context = (context or "").strip() or None
+    if context and len(context) > MAX_CONTEXT:
+        raise InputError(f"the context has {len(context)} characters; at most {MAX_CONTEXT}")
+    if coder not in config.coders:
+        raise InputError(
+            f"handoff refused: no coder {coder!r} is configured",
+            hint="configured coders: " + ", ".join(config.coders),
+        )
+    task = store.get(task_id)
+    if task.status.final:
+        raise Conflict(f"cannot hand {task_id} off: it is {task.status}")
+    usable, _, message, hint = coder_check(config, coder)
+    if not usable:
+        raise Conflict(f"handoff refused: {message}", hint=hint or None)
+    # A successor of a worktree task goes on from the predecessor's branch (its first attempt
+    # starts its own branch there) and merges back where the predecessor would have.
+    successor = TaskSpec(
+        title=task.title,
+        cwd=task.cwd,
+        description=task.description,
+        coder=coder,
+        model=model,
+        priority=task.priority,
+        labels=task.labels,
+        after=task.after,
+        parent=task.parent,
+        isolation=task.isolation,
+        base=task.base,
+        merge=task.merge,
+    )
+    return store.handoff(task_id, successor, context)
+
+
+def sources(store: Store, task_ids: Sequence[str]) -> list[str]:
+    """What a merge of `task_ids` waits for: each task, or the last successor of one that was
+    handed off (whose work is the successor's now)."""
+    waits: list[str] = []
+    by_predecessor: dict[str, str] | None = None
+    for task_id in task_ids:
+        current = store.get(task_id)
+        while current.status == Status.HANDED_OFF:
+            if by_predecessor is None:
+                from fleet.store import TaskFilter
+
+                by_predecessor = {
+                    t.predecessor: t.id
+                    for t in store.tasks(TaskFilter(include_final=True))
+                    if t.predecessor
+                }
+            nxt = by_predecessor.get(current.id)
+            if nxt is None:
+                break
+            current = store.get(nxt)
+        if current.id not in waits:
+            waits.append(current.id)
+    return waits
+
+
+# -- what a prompt is told -------------------------------------------------------------------
+
+
+def subtasks_note(children: Sequence[Task]) -> str:
+    """The outcome of each subtask, for the parent's next attempt."""
+    if not children:
+        return ""
+    lines = ["Your subtasks and how they ended (reason or summary):"]
+    for c in children:
+        reason = " ".join((c.reason or "").split()) or "-"
+        lines.append(f"- {c.id} {c.title!r}: {c.status} ({reason})")
+    return "\n".join(lines) + "\n"
+
+
+def handoff_note(predecessor: Task, context: str | None, summary: str | None) -> str:
+    """What a successor is told about the task it takes over."""
+    text = (
+        f"This task was handed off to you from {predecessor.id} (coder"
+        f" {predecessor.coder or 'default'}), which worked on it before you."
+    )
+    if context:
+        text += f"\n\nHandoff context:\n\n{context}"
+    if summary:
+        text += f"\n\nIts latest checkpoint summary:\n\n{summary}"
+    return text + "\n"
+
+
+def merge_note(paths: Paths, merged: Sequence[Task]) -> str:
+    """The branches and artifact directories a merge task consolidates."""
+    lines = [
+        "Consolidate the work of these tasks into one result: merge their git branches and"
+        " combine their artifacts.",
+    ]
+    for t in merged:
+        branch = t.branch or (f"fleet/{t.id}" if t.isolated else "none (no worktree isolation)")
+        artifacts = Path(paths.tasks) / t.id / "artifacts"
+        lines.append(
+            f"- {t.id} {t.title!r} ({t.status}): branch {branch}; artifacts in {artifacts}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def prompt_notes(paths: Paths, store: Store, task: Task) -> str:
+    """Everything lineage adds to the task's prompt this attempt (may be empty)."""
+    notes: list[str] = []
+    if task.predecessor:
+        before = store.get(task.predecessor)
+        taken = store.checkpoints(before.id)
+        notes.append(handoff_note(before, task.handoff, taken[-1].summary if taken else None))
+    if task.merged_from:
+        notes.append(merge_note(paths, [store.get(t) for t in task.merged_from]))
+    notes.append(subtasks_note(store.children(task.id)))
+    return "\n".join(n for n in notes if n)
