@@ -35,13 +35,6 @@ from fleet.worktree import git, git_ok
 
 MARKER = "merge-in-progress"
 ROUNDS = 3  # the base may move while a merge is computed: then it is computed again
-IN_PROGRESS = {
-    "MERGE_HEAD": "merge",
-    "rebase-merge": "rebase",
-    "rebase-apply": "rebase",
-    "CHERRY_PICK_HEAD": "cherry-pick",
-    "REVERT_HEAD": "revert",
-}
 
 
 class Verdict(NamedTuple):
@@ -142,9 +135,9 @@ class Job(NamedTuple):
         # A worktree deleted by hand is re-created from the branch.
         tree = worktree.ensure(task.id, task.cwd, base, self.root).worktree
         self.recover(tree)
-        head = run(["git", "-C", str(tree), "symbolic-ref", "--quiet", "HEAD"], check=False)
-        if head.stdout.strip() != f"refs/heads/{branch}":
-            where = head.stdout.strip() or "a detached HEAD"
+        head = worktree.head_ref(tree)
+        if head != f"refs/heads/{branch}":
+            where = head or "a detached HEAD"
             raise blocks(
                 "failed",
                 f"{tree} is on {where}, not on branch {branch}: put the work on {branch},"
@@ -186,18 +179,18 @@ class Job(NamedTuple):
 
     def recover(self, tree: Path) -> None:
         """Undo what a killed merge-back left in `tree`; block on anyone else's operation."""
-        gitdir = Path(git(tree, "rev-parse", "--absolute-git-dir"))
         if self.marker.exists():
             # Whatever git was doing when it was killed with us: its index lock is stale.
+            gitdir = Path(git(tree, "rev-parse", "--absolute-git-dir"))
             (gitdir / "index.lock").unlink(missing_ok=True)
             self.restore(tree)
             sys.stderr.write(f"fleet: {self.task.id}: undid an interrupted merge-back in {tree}\n")
             return
-        busy = [what for name, what in IN_PROGRESS.items() if (gitdir / name).exists()]
+        busy = worktree.in_progress(tree)
         if busy:
             raise blocks(
                 "failed",
-                f"a {busy[0]} that fleet did not start is in progress in {tree}: finish or abort"
+                f"a {busy} that fleet did not start is in progress in {tree}: finish or abort"
                 f" it there, then `fleet merge {self.task.id}`",
             )
 
@@ -209,8 +202,7 @@ class Job(NamedTuple):
             git(tree, "merge", "--abort")
         if (gitdir / "rebase-merge").exists() or (gitdir / "rebase-apply").exists():
             git(tree, "rebase", "--abort")
-        head = run(["git", "-C", str(tree), "symbolic-ref", "--quiet", "HEAD"], check=False)
-        if head.stdout.strip() != f"refs/heads/{self.branch}":
+        if worktree.head_ref(tree) != f"refs/heads/{self.branch}":
             git(tree, "checkout", "--quiet", "--force", self.branch)
         self.marker.unlink(missing_ok=True)
 
@@ -252,7 +244,7 @@ class Job(NamedTuple):
             if done.returncode != 0:
                 conflicted = git(tree, "diff", "--name-only", "--diff-filter=U").splitlines()
                 if not conflicted:
-                    last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+                    last = worktree.last_line(done.stderr, "failed")
                     raise FleetError(f"git {argv[len(options)]} failed: {last}")
                 into = f"{branch} into {base}" if verb == "merging" else f"{branch} onto {base}"
                 raise blocks(
@@ -309,7 +301,7 @@ class Job(NamedTuple):
             return True
         if git(checkout, "rev-parse", "HEAD") != old:
             return False
-        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        last = worktree.last_line(done.stderr, "failed")
         raise waits(f"the checkout at {checkout} of {self.base} cannot fast-forward: {last}")
 
     # -- clean-up ---------------------------------------------------------------------------
@@ -323,8 +315,7 @@ class Job(NamedTuple):
         )
         if done.returncode == 0:
             return ""
-        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
-        return f"; worktree {tree} kept: {last}"
+        return f"; worktree {tree} kept: {worktree.last_line(done.stderr, 'failed')}"
 
     def clean_up(self, tree: Path, tip: str) -> str:
         """Remove the worktree and (as configured) the branch, now that base holds `tip`."""

@@ -23,7 +23,6 @@ from typing import NamedTuple
 from fleet import ids, repolock, worktree
 from fleet.config import Config
 from fleet.errors import FleetError, NotFound
-from fleet.merge import IN_PROGRESS
 from fleet.model import Status, Task
 from fleet.paths import Paths
 from fleet.proc import run
@@ -100,12 +99,10 @@ def inspect(path: Path, task: Task | None) -> tuple[bool, str]:
     changed = git(path, "status", "--porcelain").splitlines()
     if changed:
         return False, f"uncommitted changes in {len(changed)} paths"
-    gitdir = Path(git(path, "rev-parse", "--absolute-git-dir"))
-    busy = [what for name, what in IN_PROGRESS.items() if (gitdir / name).exists()]
+    busy = worktree.in_progress(path)
     if busy:
-        return False, f"a {busy[0]} is in progress"
-    head = run(["git", "-C", str(path), "symbolic-ref", "--quiet", "HEAD"], check=False)
-    own = head.stdout.strip()
+        return False, f"a {busy} is in progress"
+    own = worktree.head_ref(path)
     if task is not None and task.base and worktree.has_branch(path, task.base):
         against = [f"refs/heads/{task.base}"]
         where = task.base
@@ -148,7 +145,7 @@ def _remove(
             timeout=worktree.GIT_TIMEOUT,
         )
         if done.returncode != 0:
-            return kept((done.stderr.strip().splitlines() or ["git worktree remove failed"])[-1])
+            return kept(worktree.last_line(done.stderr, "git worktree remove failed"))
         if (
             now is not None
             and now.branch
