@@ -13,9 +13,15 @@ Invariants:
   under a marker file in the task's directory: a later try that finds the marker (the previous
   one was killed) aborts what it left and starts again; a merge or rebase in progress that fleet
   did not start is left alone, and blocks the task;
-- merge-backs into one repository take turns (fleet.repolock), and each ends with one
-  compare-and-set on the task: done (merged, or branch left), blocked (conflict or failed, with
-  the reason), or still merging.
+- merge-backs into one repository take turns (fleet.repolock); each holds its task by a merge
+  claim (fleet.store.base.MERGE_CLAIM), taken by compare-and-swap once the repository's lock is
+  held and released by the one compare-and-set that records how it ended: done (merged, or
+  branch left), blocked (conflict or failed, with the reason), or still merging. While the
+  claim is there no person's retry, cancel or block can pull the task (or its worktree) out
+  from under the merge; the lock is held from before the claim until after the verdict, so a
+  merge claim found with the lock free is a killed merge-back's, and is taken over;
+- `fleet merge` takes a task in `merging`, one its merge-back blocked (conflict or failed), or
+  one done without having been merged; never one blocked for another reason, nor one merged.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from typing import NamedTuple
 from fleet import repolock, taskdir, worktree
 from fleet.config import Config
 from fleet.errors import Conflict, FleetError
+from fleet.host import owner
 from fleet.model import MergeMark, Status, Task
 from fleet.paths import Paths
 from fleet.proc import run
 from fleet.store import Store
+from fleet.store.base import MERGE_CLAIM, is_merge_claim
 from fleet.worktree import git, git_ok
 
 MARKER = "merge-in-progress"
@@ -65,24 +73,33 @@ def merge_back(
     """Try to merge back a task in `merging`; the task afterwards, or None when `wait` is false
     and another merge into the same repository holds its lock."""
     task = store.get(task_id)
-    if task.status != Status.MERGING or task.claimed_by:
+    if task.status != Status.MERGING or (task.claimed_by and not is_merge_claim(task.claimed_by)):
         return task
+    me = MERGE_CLAIM + owner()
     try:
         common = repolock.common_dir(task.cwd)
     except (FleetError, OSError):
+        # No repository, so no lock and no git to run: the verdict is recorded at once.
+        if store.take_merge(task_id, me) is None:
+            return store.get(task_id)
         why = f"{task.cwd} is no longer in a git repository; branch {task.branch} cannot go back"
         return store.record_merge(
-            task_id, Status.MERGING, Status.BLOCKED, MergeMark("failed", why), why
+            task_id, Status.MERGING, Status.BLOCKED, MergeMark("failed", why), why, me
         )
     with repolock.hold(paths, common, wait) as held:
         if not held:
             return None
-        task = store.get(task_id)  # as it is now that the repository is ours
-        if task.status != Status.MERGING or task.claimed_by:
-            return task
-        verdict = decide(paths, config, task)
+        # The repository is ours. A merge claim still on the task is a dead merge-back's: a live
+        # one holds this lock from before it claims until after it has recorded its verdict.
+        stale = store.get(task_id).claimed_by
+        taken = store.take_merge(task_id, me)
+        if taken is None:
+            return store.get(task_id)
+        if is_merge_claim(stale):
+            sys.stderr.write(f"fleet: {task_id}: took over the merge-back {stale} left\n")
+        verdict = decide(paths, config, taken)
         return store.record_merge(
-            task_id, Status.MERGING, verdict.status, verdict.mark, verdict.reason
+            task_id, Status.MERGING, verdict.status, verdict.mark, verdict.reason, me
         )
 
 
@@ -356,8 +373,18 @@ def request(paths: Paths, store: Store, config: Config, task_id: str, strategy: 
             f"{task_id} works without worktree isolation: it has no branch to merge",
             hint="only tasks added with --isolation worktree are merged back",
         )
-    if task.status == Status.DONE and task.merge_state == "merged" and strategy is None:
-        raise Conflict(f"{task_id} is already merged into {task.base}")
+    if task.merge_state == "merged":
+        # Whatever the strategy: the branch may be gone, and there is nothing left to merge.
+        raise Conflict(
+            f"{task_id} is already merged into {task.base}",
+            hint=f"`fleet retry {task_id}` runs it again, to be merged back anew",
+        )
+    if task.status == Status.BLOCKED and task.merge_state not in ("conflict", "failed"):
+        # Blocked by the retry limit, its agent or a person: its branch is not work to ship.
+        raise Conflict(
+            f"cannot merge {task_id}: it is blocked ({task.reason}), not by its merge-back",
+            hint=f"deal with the reason, then `fleet retry {task_id}`; it merges back once done",
+        )
     store.request_merge(task_id, (Status.MERGING, Status.BLOCKED, Status.DONE), strategy)
     after = merge_back(paths, store, config, task_id)
     assert after is not None  # it waited for the lock
