@@ -96,6 +96,34 @@ ACTIONS: dict[str, Action] = {
         " FLEET_FROM names the tasks merged into @FLEET_TASK_ID@, FLEET_INTO the task a merged"
         " task goes into. `fleet tree @FLEET_TASK_ID@` shows the lineage.",
     ),
+    "merge-requested": Action(
+        "cbd4255342fc4cb5b294c47b4dbd6e16",
+        "A merge-back of a fleet task was asked for",
+        "@FLEET_BY@ asked for fleet task @FLEET_TASK_ID@'s branch to be merged back into its"
+        " base (`fleet merge`; FLEET_STRATEGY names a strategy given for it). The task is in"
+        " merging until the merge-back's verdict, which follows as its own entry.",
+    ),
+    "merged-back": Action(
+        "f62d3945f25d4f0386f37e453d7a8f09",
+        "A fleet task was merged back",
+        "@FLEET_BY@ merged fleet task @FLEET_TASK_ID@'s branch back (FLEET_STATE=merged: its"
+        " base is now at @FLEET_COMMIT@) or left it for a pull request (FLEET_STATE=branch);"
+        " the task is done. FLEET_REASON notes what was kept.",
+    ),
+    "merge-blocked": Action(
+        "08ba2794892047c49610422cd422403a",
+        "A fleet task's merge-back was blocked",
+        "The merge-back of fleet task @FLEET_TASK_ID@ by @FLEET_BY@ ended in @FLEET_STATE@:"
+        " @FLEET_REASON@. Nothing was merged, and the branch and worktree are as they were;"
+        " once that is dealt with, `fleet merge @FLEET_TASK_ID@` tries again.",
+    ),
+    "merge-waits": Action(
+        "4ef4642504cd4fce96b0fa5410efec0b",
+        "A fleet task's merge-back waits",
+        "The merge-back of fleet task @FLEET_TASK_ID@ by @FLEET_BY@ could not move the base"
+        " yet: @FLEET_REASON@. Every dispatch pass tries again; an entry is written only when"
+        " the reason changes.",
+    ),
     "closed": Action(
         "4de2732d69344b60b28b6727d3c4c0c7",
         "A fleet task was closed",
@@ -156,6 +184,10 @@ def describe(row: Row) -> str:
         "resumed": lambda: f" from checkpoint {d.get('checkpoint') or 'none'}",
         "spawned": lambda: f" subtask {d.get('child')}",
         "handed-off": lambda: f" to {d.get('to')} ({d.get('coder')})",
+        "merge-requested": lambda: f" ({d['strategy']})" if d.get("strategy") else "",
+        "merged-back": lambda: f": {d.get('state')} {str(d.get('commit') or '')[:12]}".rstrip(),
+        "merge-blocked": lambda: f": {d.get('state')}",
+        "merge-waits": lambda: f": {d.get('reason')}",
         "merged": lambda: (
             f" from {' '.join(d['from'])}" if "from" in d else f" into {d.get('into')}"
         ),

@@ -13,9 +13,15 @@ Invariants:
   under a marker file in the task's directory: a later try that finds the marker (the previous
   one was killed) aborts what it left and starts again; a merge or rebase in progress that fleet
   did not start is left alone, and blocks the task;
-- merge-backs into one repository take turns (fleet.repolock), and each ends with one
-  compare-and-set on the task: done (merged, or branch left), blocked (conflict or failed, with
-  the reason), or still merging.
+- merge-backs into one repository take turns (fleet.repolock); each holds its task by a merge
+  claim (fleet.store.base.MERGE_CLAIM), taken by compare-and-swap once the repository's lock is
+  held and released by the one compare-and-set that records how it ended: done (merged, or
+  branch left), blocked (conflict or failed, with the reason), or still merging. While the
+  claim is there no person's retry, cancel or block can pull the task (or its worktree) out
+  from under the merge; the lock is held from before the claim until after the verdict, so a
+  merge claim found with the lock free is a killed merge-back's, and is taken over;
+- `fleet merge` takes a task in `merging`, one its merge-back blocked (conflict or failed), or
+  one done without having been merged; never one blocked for another reason, nor one merged.
 """
 
 from __future__ import annotations
@@ -27,21 +33,16 @@ from typing import NamedTuple
 from fleet import repolock, taskdir, worktree
 from fleet.config import Config
 from fleet.errors import Conflict, FleetError
+from fleet.host import owner
 from fleet.model import MergeMark, Status, Task
 from fleet.paths import Paths
 from fleet.proc import run
 from fleet.store import Store
+from fleet.store.base import MERGE_CLAIM, is_merge_claim
 from fleet.worktree import git, git_ok
 
 MARKER = "merge-in-progress"
 ROUNDS = 3  # the base may move while a merge is computed: then it is computed again
-IN_PROGRESS = {
-    "MERGE_HEAD": "merge",
-    "rebase-merge": "rebase",
-    "rebase-apply": "rebase",
-    "CHERRY_PICK_HEAD": "cherry-pick",
-    "REVERT_HEAD": "revert",
-}
 
 
 class Verdict(NamedTuple):
@@ -72,24 +73,33 @@ def merge_back(
     """Try to merge back a task in `merging`; the task afterwards, or None when `wait` is false
     and another merge into the same repository holds its lock."""
     task = store.get(task_id)
-    if task.status != Status.MERGING or task.claimed_by:
+    if task.status != Status.MERGING or (task.claimed_by and not is_merge_claim(task.claimed_by)):
         return task
+    me = MERGE_CLAIM + owner()
     try:
         common = repolock.common_dir(task.cwd)
     except (FleetError, OSError):
+        # No repository, so no lock and no git to run: the verdict is recorded at once.
+        if store.take_merge(task_id, me) is None:
+            return store.get(task_id)
         why = f"{task.cwd} is no longer in a git repository; branch {task.branch} cannot go back"
         return store.record_merge(
-            task_id, Status.MERGING, Status.BLOCKED, MergeMark("failed", why), why
+            task_id, Status.MERGING, Status.BLOCKED, MergeMark("failed", why), why, me
         )
     with repolock.hold(paths, common, wait) as held:
         if not held:
             return None
-        task = store.get(task_id)  # as it is now that the repository is ours
-        if task.status != Status.MERGING or task.claimed_by:
-            return task
-        verdict = decide(paths, config, task)
+        # The repository is ours. A merge claim still on the task is a dead merge-back's: a live
+        # one holds this lock from before it claims until after it has recorded its verdict.
+        stale = store.get(task_id).claimed_by
+        taken = store.take_merge(task_id, me)
+        if taken is None:
+            return store.get(task_id)
+        if is_merge_claim(stale):
+            sys.stderr.write(f"fleet: {task_id}: took over the merge-back {stale} left\n")
+        verdict = decide(paths, config, taken)
         return store.record_merge(
-            task_id, Status.MERGING, verdict.status, verdict.mark, verdict.reason
+            task_id, Status.MERGING, verdict.status, verdict.mark, verdict.reason, me
         )
 
 
@@ -142,9 +152,9 @@ class Job(NamedTuple):
         # A worktree deleted by hand is re-created from the branch.
         tree = worktree.ensure(task.id, task.cwd, base, self.root).worktree
         self.recover(tree)
-        head = run(["git", "-C", str(tree), "symbolic-ref", "--quiet", "HEAD"], check=False)
-        if head.stdout.strip() != f"refs/heads/{branch}":
-            where = head.stdout.strip() or "a detached HEAD"
+        head = worktree.head_ref(tree)
+        if head != f"refs/heads/{branch}":
+            where = head or "a detached HEAD"
             raise blocks(
                 "failed",
                 f"{tree} is on {where}, not on branch {branch}: put the work on {branch},"
@@ -186,18 +196,18 @@ class Job(NamedTuple):
 
     def recover(self, tree: Path) -> None:
         """Undo what a killed merge-back left in `tree`; block on anyone else's operation."""
-        gitdir = Path(git(tree, "rev-parse", "--absolute-git-dir"))
         if self.marker.exists():
             # Whatever git was doing when it was killed with us: its index lock is stale.
+            gitdir = Path(git(tree, "rev-parse", "--absolute-git-dir"))
             (gitdir / "index.lock").unlink(missing_ok=True)
             self.restore(tree)
             sys.stderr.write(f"fleet: {self.task.id}: undid an interrupted merge-back in {tree}\n")
             return
-        busy = [what for name, what in IN_PROGRESS.items() if (gitdir / name).exists()]
+        busy = worktree.in_progress(tree)
         if busy:
             raise blocks(
                 "failed",
-                f"a {busy[0]} that fleet did not start is in progress in {tree}: finish or abort"
+                f"a {busy} that fleet did not start is in progress in {tree}: finish or abort"
                 f" it there, then `fleet merge {self.task.id}`",
             )
 
@@ -209,8 +219,7 @@ class Job(NamedTuple):
             git(tree, "merge", "--abort")
         if (gitdir / "rebase-merge").exists() or (gitdir / "rebase-apply").exists():
             git(tree, "rebase", "--abort")
-        head = run(["git", "-C", str(tree), "symbolic-ref", "--quiet", "HEAD"], check=False)
-        if head.stdout.strip() != f"refs/heads/{self.branch}":
+        if worktree.head_ref(tree) != f"refs/heads/{self.branch}":
             git(tree, "checkout", "--quiet", "--force", self.branch)
         self.marker.unlink(missing_ok=True)
 
@@ -252,7 +261,7 @@ class Job(NamedTuple):
             if done.returncode != 0:
                 conflicted = git(tree, "diff", "--name-only", "--diff-filter=U").splitlines()
                 if not conflicted:
-                    last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+                    last = worktree.last_line(done.stderr, "failed")
                     raise FleetError(f"git {argv[len(options)]} failed: {last}")
                 into = f"{branch} into {base}" if verb == "merging" else f"{branch} onto {base}"
                 raise blocks(
@@ -309,7 +318,7 @@ class Job(NamedTuple):
             return True
         if git(checkout, "rev-parse", "HEAD") != old:
             return False
-        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        last = worktree.last_line(done.stderr, "failed")
         raise waits(f"the checkout at {checkout} of {self.base} cannot fast-forward: {last}")
 
     # -- clean-up ---------------------------------------------------------------------------
@@ -323,8 +332,7 @@ class Job(NamedTuple):
         )
         if done.returncode == 0:
             return ""
-        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
-        return f"; worktree {tree} kept: {last}"
+        return f"; worktree {tree} kept: {worktree.last_line(done.stderr, 'failed')}"
 
     def clean_up(self, tree: Path, tip: str) -> str:
         """Remove the worktree and (as configured) the branch, now that base holds `tip`."""
@@ -365,8 +373,18 @@ def request(paths: Paths, store: Store, config: Config, task_id: str, strategy: 
             f"{task_id} works without worktree isolation: it has no branch to merge",
             hint="only tasks added with --isolation worktree are merged back",
         )
-    if task.status == Status.DONE and task.merge_state == "merged" and strategy is None:
-        raise Conflict(f"{task_id} is already merged into {task.base}")
+    if task.merge_state == "merged":
+        # Whatever the strategy: the branch may be gone, and there is nothing left to merge.
+        raise Conflict(
+            f"{task_id} is already merged into {task.base}",
+            hint=f"`fleet retry {task_id}` runs it again, to be merged back anew",
+        )
+    if task.status == Status.BLOCKED and task.merge_state not in ("conflict", "failed"):
+        # Blocked by the retry limit, its agent or a person: its branch is not work to ship.
+        raise Conflict(
+            f"cannot merge {task_id}: it is blocked ({task.reason}), not by its merge-back",
+            hint=f"deal with the reason, then `fleet retry {task_id}`; it merges back once done",
+        )
     store.request_merge(task_id, (Status.MERGING, Status.BLOCKED, Status.DONE), strategy)
     after = merge_back(paths, store, config, task_id)
     assert after is not None  # it waited for the lock

@@ -1,7 +1,10 @@
 """The sweep: worktrees under `$FLEET_HOME/worktrees` that no task needs any more are removed.
 
 Invariants:
-- only a worktree whose task no longer exists, or is done or cancelled, is looked at;
+- only a worktree whose task no longer exists, or is done, cancelled or handed off, is looked
+  at; and not while a task still under way goes on from it (a handoff's successor, which
+  branches from its predecessor's branch, or a merge task consolidating it): its worktree and
+  branch stay until that task is settled too;
 - it is removed only if nothing would be lost: no uncommitted change (untracked files count),
   no operation in progress, and no commit that its task's base lacks (for a task that left its
   branch for a pull request, that the branch lacks; for an unknown task or a deleted base, that
@@ -23,32 +26,34 @@ from typing import NamedTuple
 from fleet import ids, repolock, worktree
 from fleet.config import Config
 from fleet.errors import FleetError, NotFound
-from fleet.merge import IN_PROGRESS
 from fleet.model import Status, Task
 from fleet.paths import Paths
 from fleet.proc import run
-from fleet.store import Store
+from fleet.store import Store, TaskFilter
 from fleet.worktree import git, git_ok
 
 SWEEP_INTERVAL = 600.0
 STAMP = ".swept"
+# The statuses whose worktree nothing runs in, or ever will unless a person retries the task.
+SETTLED = (Status.DONE, Status.CANCELLED, Status.HANDED_OFF)
 
 
 class Leftover(NamedTuple):
     path: Path
     task_id: str
-    task_state: str  # "gone", "done" or "cancelled"
+    task_state: str  # "gone", "done", "cancelled" or "handed-off"
     action: str  # "removed", "removable" or "kept"
     detail: str
 
 
 def sweep(paths: Paths, store: Store, config: Config, fix: bool) -> list[Leftover]:
-    """Every worktree of a gone, done or cancelled task, removed if `fix` and safe."""
+    """Every worktree of a gone, done, cancelled or handed-off task, removed if `fix` and safe."""
     found: list[Leftover] = []
+    users = _users(store)
     for path, task in _candidates(paths, store):
         state = "gone" if task is None else str(task.status)
         try:
-            safe, detail = inspect(path, task)
+            safe, detail = _in_use(path.name, users) or inspect(path, task)
         except FleetError as e:
             safe, detail = False, e.message
         if not safe:
@@ -88,9 +93,26 @@ def _candidates(paths: Paths, store: Store) -> list[tuple[Path, Task | None]]:
             task: Task | None = store.get(path.name)
         except NotFound:
             task = None
-        if task is None or task.status in (Status.DONE, Status.CANCELLED):
+        if task is None or task.status in SETTLED:
             found.append((path, task))
     return found
+
+
+def _users(store: Store) -> dict[str, str]:
+    """For each task whose work a task still under way goes on from, that task's id."""
+    users: dict[str, str] = {}
+    for task in store.tasks(TaskFilter()):
+        for source in (task.predecessor, *task.merged_from):
+            if source is not None:
+                users.setdefault(source, task.id)
+    return users
+
+
+def _in_use(task_id: str, users: dict[str, str]) -> tuple[bool, str] | None:
+    """(False, why) if a task under way may still branch from `task_id`'s branch."""
+    if task_id not in users:
+        return None
+    return False, f"{users[task_id]} goes on from its branch: kept until that task is settled"
 
 
 def inspect(path: Path, task: Task | None) -> tuple[bool, str]:
@@ -100,12 +122,10 @@ def inspect(path: Path, task: Task | None) -> tuple[bool, str]:
     changed = git(path, "status", "--porcelain").splitlines()
     if changed:
         return False, f"uncommitted changes in {len(changed)} paths"
-    gitdir = Path(git(path, "rev-parse", "--absolute-git-dir"))
-    busy = [what for name, what in IN_PROGRESS.items() if (gitdir / name).exists()]
+    busy = worktree.in_progress(path)
     if busy:
-        return False, f"a {busy[0]} is in progress"
-    head = run(["git", "-C", str(path), "symbolic-ref", "--quiet", "HEAD"], check=False)
-    own = head.stdout.strip()
+        return False, f"a {busy} is in progress"
+    own = worktree.head_ref(path)
     if task is not None and task.base and worktree.has_branch(path, task.base):
         against = [f"refs/heads/{task.base}"]
         where = task.base
@@ -136,9 +156,9 @@ def _remove(
             now: Task | None = store.get(path.name)
         except NotFound:
             now = None
-        if now is not None and now.status not in (Status.DONE, Status.CANCELLED):
+        if now is not None and now.status not in SETTLED:
             return kept(f"its task is {now.status} again")
-        safe, detail = inspect(path, now)
+        safe, detail = _in_use(path.name, _users(store)) or inspect(path, now)
         if not safe:
             return kept(detail)
         tip = git(path, "rev-parse", "HEAD")
@@ -148,7 +168,7 @@ def _remove(
             timeout=worktree.GIT_TIMEOUT,
         )
         if done.returncode != 0:
-            return kept((done.stderr.strip().splitlines() or ["git worktree remove failed"])[-1])
+            return kept(worktree.last_line(done.stderr, "git worktree remove failed"))
         if (
             now is not None
             and now.branch

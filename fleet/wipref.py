@@ -10,14 +10,11 @@ goes through fleet.proc.run; a failure is a FleetError with git's own last line.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from typing import NamedTuple
 
-from fleet.errors import FleetError
 from fleet.proc import run
-
-GIT_TIMEOUT = 120.0  # `git add -A` of a large tree takes a while
+from fleet.worktree import git, identity, toplevel
 
 
 def ref_prefix(task_id: str) -> str:
@@ -25,27 +22,9 @@ def ref_prefix(task_id: str) -> str:
     return f"refs/fleet/{task_id}/checkpoints/"
 
 
-def _git(repo: str, *args: str, env: dict[str, str] | None = None) -> str:
-    result = run(["git", "-C", repo, *args], check=False, env=env, timeout=GIT_TIMEOUT)
-    if result.returncode == 0:
-        return result.stdout.strip()
-    verb = next(a for a in args if not a.startswith("-") and "=" not in a)
-    last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
-    raise FleetError(f"git {verb} failed: {last}")
-
-
 class Snapshot(NamedTuple):
     repo: str  # the top of the work tree
     commit: str
-
-
-def toplevel(directory: str) -> str | None:
-    """The top of the git work tree holding `directory`; None if there is none."""
-    if not os.path.isdir(directory):
-        return None
-    result = run(["git", "-C", directory, "rev-parse", "--show-toplevel"], check=False)
-    top = result.stdout.strip()
-    return top if result.returncode == 0 and top else None
 
 
 def snapshot(directory: str, message: str) -> Snapshot | None:
@@ -59,19 +38,14 @@ def snapshot(directory: str, message: str) -> Snapshot | None:
     with tempfile.TemporaryDirectory(prefix="fleet-checkpoint-") as scratch:
         env = {"GIT_INDEX_FILE": os.path.join(scratch, "index")}
         if parent:
-            _git(top, "read-tree", parent, env=env)
-        _git(top, "add", "-A", env=env)
-        tree = _git(top, "write-tree", env=env)
-    ident: list[str] = []
-    has_name = run(["git", "-C", top, "config", "user.name"], check=False).returncode == 0
-    has_mail = run(["git", "-C", top, "config", "user.email"], check=False).returncode == 0
-    if not (has_name and has_mail):
-        ident = ["-c", "user.name=fleet", "-c", f"user.email=fleet@{socket.gethostname()}"]
+            git(top, "read-tree", parent, env=env)
+        git(top, "add", "-A", env=env)
+        tree = git(top, "write-tree", env=env)
     parents = ["-p", parent] if parent else []
-    commit = _git(top, *ident, "commit-tree", tree, *parents, "-m", message)
+    commit = git(top, *identity(top), "commit-tree", tree, *parents, "-m", message)
     return Snapshot(top, commit)
 
 
 def point(repo: str, ref: str, commit: str) -> None:
     """Create `ref` at `commit`; FleetError if it already exists (a checkpoint is never moved)."""
-    _git(repo, "update-ref", ref, commit, "")
+    git(repo, "update-ref", ref, commit, "")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,19 +25,33 @@ from fleet.errors import FleetError, InputError
 from fleet.proc import run
 
 GIT_TIMEOUT = 120.0  # a `git add -A` of a large tree takes a while
+# The files in a git directory that say an operation is under way, and what it is.
+IN_PROGRESS = {
+    "MERGE_HEAD": "merge",
+    "rebase-merge": "rebase",
+    "rebase-apply": "rebase",
+    "CHERRY_PICK_HEAD": "cherry-pick",
+    "REVERT_HEAD": "revert",
+}
 
 
 def branch_of(task_id: str) -> str:
     return f"fleet/{task_id}"
 
 
-def git(repo: str | Path, *args: str) -> str:
-    """git's standard output; FleetError with git's own last line of stderr if it fails."""
-    result = run(["git", "-C", str(repo), *args], check=False, timeout=GIT_TIMEOUT)
+def last_line(stderr: str, default: str) -> str:
+    """The last line of a command's standard error (where git says why), or `default`."""
+    return (stderr.strip().splitlines() or [default])[-1]
+
+
+def git(repo: str | Path, *args: str, env: Mapping[str, str] | None = None) -> str:
+    """git's standard output; FleetError with git's own last line of stderr if it fails.
+    `env` adds to the environment (GIT_INDEX_FILE, say)."""
+    result = run(["git", "-C", str(repo), *args], check=False, env=env, timeout=GIT_TIMEOUT)
     if result.returncode == 0:
         return result.stdout.strip()
     verb = next(a for a in args if not a.startswith("-") and "=" not in a)
-    last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+    last = last_line(result.stderr, f"exit status {result.returncode}")
     raise FleetError(f"git {verb} failed: {last}")
 
 
@@ -44,8 +59,23 @@ def git_ok(repo: str | Path, *args: str) -> bool:
     return run(["git", "-C", str(repo), *args], check=False, timeout=GIT_TIMEOUT).returncode == 0
 
 
+def head_ref(tree: str | Path) -> str:
+    """The full name of the branch checked out in `tree` (refs/heads/…), "" if HEAD is
+    detached (or `tree` is no work tree)."""
+    head = run(["git", "-C", str(tree), "symbolic-ref", "--quiet", "HEAD"], check=False)
+    return head.stdout.strip()
+
+
+def in_progress(tree: str | Path) -> str | None:
+    """The operation (merge, rebase, …) under way in the work tree `tree`, if any."""
+    gitdir = Path(git(tree, "rev-parse", "--absolute-git-dir"))
+    return next((what for name, what in IN_PROGRESS.items() if (gitdir / name).exists()), None)
+
+
 def toplevel(cwd: str) -> str | None:
     """The top directory of the git work tree holding `cwd`, or None if it is in none."""
+    if not os.path.isdir(cwd):
+        return None  # no git to start for that
     result = run(["git", "-C", cwd, "rev-parse", "--show-toplevel"], check=False)
     top = result.stdout.strip()
     return top if result.returncode == 0 and top else None
@@ -142,13 +172,18 @@ def commit_leftovers(worktree: Path, message: str) -> str | None:
     return git(worktree, "rev-parse", "--short", "HEAD")
 
 
+def identity(repo: str | Path) -> list[str]:
+    """git options that give fleet's identity to a commit in `repo` when the repository has
+    none of its own (git would refuse to commit); none when it has one."""
+    if git_ok(repo, "config", "user.name") and git_ok(repo, "config", "user.email"):
+        return []
+    return ["-c", "user.name=fleet", "-c", f"user.email=fleet@{socket.gethostname()}"]
+
+
 def committer(repo: str | Path) -> list[str]:
     """git options for fleet's own commits in `repo`: the repository's identity, or fleet's
     when it has none; never signed (no one is there to unlock a key)."""
-    ident: list[str] = []
-    if not (git_ok(repo, "config", "user.name") and git_ok(repo, "config", "user.email")):
-        ident = ["-c", "user.name=fleet", "-c", f"user.email=fleet@{socket.gethostname()}"]
-    return [*ident, "-c", "commit.gpgsign=false"]
+    return [*identity(repo), "-c", "commit.gpgsign=false"]
 
 
 def commits_ahead(repo: str, base: str, branch: str) -> int | None:

@@ -547,3 +547,163 @@ def test_a_successor_goes_on_from_the_branch_and_merges_into_the_base(
     assert git(repo, "merge-base", "--is-ancestor", wip, "main") == ""
     assert (repo / "a.txt").read_text() == "a\n"
     assert subjects(repo, "main")[-2:] == [f"fleet: work in progress of {a}, attempt 1", "init"]
+
+
+def history(tid: str) -> list[tuple[str, str, dict[str, object]]]:
+    store = open_store(resolve())
+    try:
+        return [(e.action, e.by, e.detail) for e in store.history(tid)]
+    finally:
+        store.close()
+
+
+def test_a_merge_back_holds_its_task_and_a_killed_one_is_taken_over(
+    fleet: Fleet, repo: Path, home: Path, tmp_path: Path
+) -> None:
+    import os
+    import shutil
+    import signal
+    import time
+
+    from fleet import claim
+    from fleet.host import owner
+    from tests.conftest import fleet_exe
+
+    (repo / "README").write_text("busy\n")
+    tid = str(done(fleet, repo, "echo x > x.txt")["id"])
+    git(repo, "checkout", "--", "README")
+    # A git whose merge waits (as a slow one on a large repository would) until told to go on.
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "git").write_text(
+        f'#!/bin/sh\ncase " $* " in *" merge --no-ff "*) touch {tmp_path}/entered;'
+        f" while [ ! -e {tmp_path}/release ]; do sleep 0.05; done;; esac\n"
+        f'exec {shutil.which("git")} "$@"\n'
+    )
+    (shim / "git").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+    merging = subprocess.Popen(
+        [fleet_exe(), "merge", tid], cwd=repo, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for _ in range(600):
+            if (tmp_path / "entered").exists():
+                break
+            time.sleep(0.05)
+        assert (tmp_path / "entered").exists()
+        # Mid-merge the worktree is detached at main: no person's change may pull the task.
+        assert str(fleet.show(tid)["claimed_by"]).startswith("merge:")
+        person = (
+            ["retry", tid],
+            ["cancel", tid],
+            ["block", tid, "-r", "x"],
+            ["edit", tid, "--title", "u"],
+        )
+        for args in person:
+            refused = fleet(*args)
+            assert refused.code == 4, (args, refused)
+            assert "a merge-back is in progress; try again in a moment" in refused.err
+        # A dispatch pass leaves it to the merge-back holding the repository.
+        paths = resolve()
+        store = open_store(paths)
+        try:
+            assert merge.retry_pending(paths, store, load(paths)) == []
+        finally:
+            store.close()
+    finally:
+        os.killpg(merging.pid, signal.SIGKILL)  # the merge-back dies half-way
+        merging.wait()
+    task = fleet.show(tid)
+    assert task["status"] == "merging" and str(task["claimed_by"]).startswith("merge:")
+    paths = resolve()
+    store = open_store(paths)
+    try:
+        # fleet-claim's recovery of lost leases does not take a merge claim for one.
+        assert claim.recover(store, "user", owner()) == []
+        assert store.get(tid).claimed_by == task["claimed_by"]
+        # The repository's lock is free: the next pass takes the dead merge-back's claim over.
+        (after,) = merge.retry_pending(paths, store, load(paths))
+    finally:
+        store.close()
+    assert (after.status, after.merge_state, after.claimed_by) == ("done", "merged", None)
+    assert (repo / "x.txt").read_text() == "x\n"
+    assert not (home / "tasks" / tid / merge.MARKER).exists()
+
+
+def test_merge_takes_only_a_task_its_merge_back_blocked_and_never_a_merged_one(
+    fleet: Fleet, repo: Path, go: Path
+) -> None:
+    tid = started(fleet, repo, go, "echo a > a.txt")
+    fleet.ok("block", tid, "-r", "the agent got it wrong")
+    refused = fleet("merge", tid)
+    assert refused.code == 4 and "not by its merge-back" in refused.err
+    assert subjects(repo, "main") == ["init"]
+    assert fleet.show(tid)["status"] == "blocked"
+    # Merged, its branch deleted: `--strategy` does not make it mergeable again.
+    fleet.ok("config", "set", "merge_delete_branch=true")
+    merged = done(fleet, repo, "echo x > x.txt")
+    again = fleet("merge", str(merged["id"]), "--strategy", "rebase")
+    assert again.code == 4 and "already merged" in again.err
+    after = fleet.show(str(merged["id"]))
+    assert (after["status"], after["merge_state"]) == ("done", "merged")
+
+
+def test_merge_backs_are_in_the_audit_trail(fleet: Fleet, repo: Path, go: Path) -> None:
+    from fleet.audit import person
+
+    (repo / "README").write_text("busy\n")
+    tid = str(done(fleet, repo, "echo x > x.txt")["id"])
+    paths = resolve()
+    store = open_store(paths)
+    try:
+        merge.retry_pending(paths, store, load(paths))  # waits again, for the same reason
+    finally:
+        store.close()
+    git(repo, "checkout", "--", "README")
+    fleet.ok("merge", tid)
+    rows = [r for r in history(tid) if r[0].startswith("merge")]
+    assert [(a, d.get("state")) for a, _, d in rows] == [
+        ("merge-waits", "pending"),
+        ("merge-requested", None),
+        ("merged-back", "merged"),
+    ]
+    assert rows[0][2]["reason"] == f"the checkout at {repo} of main has uncommitted changes"
+    assert rows[1][1] == person()
+    assert rows[2][2]["commit"] == git(repo, "rev-parse", "main")
+    # A conflict is a merge-blocked row with its reason.
+    a = started(fleet, repo, go, "echo from a > README")
+    b = started(fleet, repo, go, "echo from b > README")
+    finish(fleet, repo, go, a)
+    finish(fleet, repo, go, b)
+    (blocked,) = [r for r in history(b) if r[0] == "merge-blocked"]
+    assert blocked[2]["state"] == "conflict" and "conflicts in README" in str(blocked[2]["reason"])
+
+
+def worktree_rows(fleet: Fleet) -> dict[str, dict[str, object]]:
+    fixed = fleet("doctor", "--fix", "--json")
+    rows = [r for r in json.loads(fixed.out) if r["check"] == "worktree"]
+    return {Path(r["detail"].split()[0]).name: r for r in rows}
+
+
+def test_the_sweep_looks_at_handed_off_tasks(
+    fleet: Fleet, repo: Path, go: Path, home: Path
+) -> None:
+    # Handed off with nothing of its own: kept while its successor may branch from it.
+    empty = started(fleet, repo, go, "true")
+    successor = fleet.ok("handoff", empty, "--to", "command").strip()
+    # Handed off with a commit main lacks, its successor cancelled: kept for that commit.
+    ahead = started(fleet, repo, go, "echo a > a.txt")
+    fleet.ok("cancel", fleet.ok("handoff", ahead, "--to", "command").strip())
+    rows = worktree_rows(fleet)
+    assert f"{successor} goes on from its branch" in str(rows[empty]["detail"])
+    assert "1 commits not in main" in str(rows[ahead]["detail"])
+    assert worktree_of(home, empty).exists() and worktree_of(home, ahead).exists()
+    assert git(repo, "branch", "--list", f"fleet/{empty}") != ""
+    # Once the successor is settled, the predecessor's empty worktree and branch go.
+    fleet.ok("cancel", successor)
+    rows = worktree_rows(fleet)
+    assert rows[empty]["ok"] and "removed" in str(rows[empty]["detail"])
+    assert not worktree_of(home, empty).exists()
+    assert git(repo, "branch", "--list", f"fleet/{empty}") == ""
+    assert worktree_of(home, ahead).exists()

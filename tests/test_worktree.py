@@ -407,3 +407,27 @@ def test_a_runner_killed_outright_has_its_agents_work_committed_by_the_reaper(
     assert subject.startswith(f"fleet: work left when attempt 1 of {task_id} ended (")
     journal = units.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
     assert f"fleet-reap: committed the work left in {tree} as " in journal
+
+
+def test_the_git_helpers_say_what_a_work_tree_is_doing(repo: Path, tmp_path: Path) -> None:
+    from fleet import worktree
+
+    assert worktree.head_ref(repo) == "refs/heads/main"
+    assert worktree.in_progress(repo) is None
+    git(repo, "checkout", "-q", "-b", "other")
+    (repo / "README").write_text("other\n")
+    git(repo, "commit", "-qam", "other")
+    git(repo, "checkout", "-q", "main")
+    (repo / "README").write_text("main\n")
+    git(repo, "commit", "-qam", "main")
+    subprocess.run(["git", "-C", str(repo), "merge", "-q", "other"], capture_output=True)
+    assert worktree.in_progress(repo) == "merge"
+    git(repo, "merge", "--abort")
+    git(repo, "checkout", "-q", "--detach")
+    assert worktree.head_ref(repo) == "" and worktree.head_ref(tmp_path / "nowhere") == ""
+    assert worktree.last_line("a\nb\n", "none") == "b" and worktree.last_line(" ", "none") == "none"
+    assert worktree.toplevel(str(tmp_path / "nowhere")) is None
+    # env= reaches git: an index of one's own leaves the real one alone.
+    index = str(tmp_path / "index")
+    worktree.git(repo, "read-tree", "HEAD", env={"GIT_INDEX_FILE": index})
+    assert Path(index).exists()

@@ -159,7 +159,8 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
 
 
 def worktree_checks(app: App, config: Config, fix: bool) -> list[tuple[bool, str, str, str]]:
-    """One row per worktree left behind by a gone, done or cancelled task (swept if `fix`)."""
+    """One row per worktree left behind by a gone, done, cancelled or handed-off task (swept if
+    `fix`)."""
     from fleet import sweep
 
     try:
@@ -216,7 +217,8 @@ def coder_check(config: Config, name: str) -> tuple[bool, str, str, str]:
 @click.option(
     "--fix",
     is_flag=True,
-    help="Remove the worktrees of gone, done or cancelled tasks that hold no unmerged work.",
+    help="Remove the worktrees of gone, done, cancelled or handed-off tasks that hold no"
+    " unmerged work.",
 )
 @output_options
 @pass_app

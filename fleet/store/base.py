@@ -22,7 +22,16 @@ Semantics every backend must keep (the SQLite one today, PostgreSQL later):
 - a worktree task whose attempt succeeded goes to `merging` (`finish` with Status.MERGING, which
   also takes a task closed during the attempt), and leaves it only through `record_merge`
   (done, blocked, or still merging), a person's block, cancel or retry; `merging` is never
-  claimed.
+  claimed;
+- a merge-back holds its task by a merge claim (`claimed_by` = MERGE_CLAIM + host, taken by
+  `take_merge` under the repository's lock and released by `record_merge` in the transaction
+  that records its verdict); while it is there every person's change (retry, cancel, block,
+  close, edit, request_merge aside) is refused with a Conflict, and no attempt is claimed;
+- `request_merge` takes a blocked task only when its merge-back blocked it (merge state
+  conflict or failed), and never a task already merged;
+- `request_merge` and `record_merge` write their audit rows: `merge-requested`, and
+  `merged-back`, `merge-blocked` or `merge-waits` (the last only when the reason changes, as a
+  waiting merge is tried again on every dispatch pass).
 """
 
 from __future__ import annotations
@@ -49,6 +58,14 @@ from fleet.model import (
 )
 
 Count = Literal["failure", "noclose"]
+
+# The claim a merge-back holds on its task: distinct from any runner's (the host name alone),
+# so that neither fleet-claim's recovery of lost leases nor a runner's `finish` matches it.
+MERGE_CLAIM = "merge:"
+
+
+def is_merge_claim(owner: str | None) -> bool:
+    return owner is not None and owner.startswith(MERGE_CLAIM)
 
 
 class BadSpec(InputError):
@@ -238,8 +255,17 @@ class Store(Protocol):
     def request_merge(
         self, task_id: str, allowed: tuple[Status, ...], strategy: str | None
     ) -> Task:
-        """A person's `fleet merge`: an idle worktree task with a branch, in one of `allowed`,
-        back to `merging` (with `strategy` from now on, if given); Conflict otherwise."""
+        """A person's `fleet merge`: a worktree task with a branch, in one of `allowed` and with
+        no attempt running (a merge claim may be there), back to `merging` (with `strategy`
+        from now on, if given); a blocked one only if its merge-back blocked it, never one
+        already merged; Conflict otherwise."""
+        ...
+
+    def take_merge(self, task_id: str, owner: str) -> Task | None:
+        """Claim a task in `merging` for a merge-back as `owner` (a merge claim), taking over a
+        merge claim already there: the caller holds the repository's lock, which a live
+        merge-back keeps until it has recorded its verdict, so such a claim is a dead one's.
+        None if the task is not in `merging` or an attempt holds it."""
         ...
 
     def record_merge(
@@ -249,9 +275,11 @@ class Store(Protocol):
         status: Status,
         mark: MergeMark,
         reason: str | None = None,
+        owner: str | None = None,
     ) -> Task:
-        """What a merge-back did, iff the task is still idle in `expected` (Conflict if not):
-        its new status, merge state, and `reason` (kept as it was if None)."""
+        """What a merge-back did, iff the task is still in `expected` and claimed by `owner`
+        (idle if None; Conflict if not): its new status, merge state, and `reason` (kept as it
+        was if None), the claim released."""
         ...
 
     # Questions from agents

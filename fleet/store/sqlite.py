@@ -50,7 +50,7 @@ from fleet.model import (
 )
 from fleet.paths import Paths, ensure_dir
 from fleet.questions import not_pending
-from fleet.store.base import BadSpec, Count, TaskFilter
+from fleet.store.base import MERGE_CLAIM, BadSpec, Count, TaskFilter, is_merge_claim
 from fleet.store.schema import APPLICATION_ID, MIGRATIONS, VERSION
 from fleet.timeutil import iso, now_iso
 
@@ -63,6 +63,16 @@ DONE_ACTION = {
     "suspend": "suspended",
 }
 FINAL = tuple(s.value for s in Status if s.final)
+NOT_MERGING = f"(claimed_by IS NULL OR claimed_by NOT GLOB '{MERGE_CLAIM}*')"
+MERGE_BUSY = "a merge-back is in progress; try again in a moment"
+# The audit action of each merge-back verdict (`merged` is merge-tasks').
+MERGE_ACTION = {
+    "merged": "merged-back",
+    "branch": "merged-back",
+    "conflict": "merge-blocked",
+    "failed": "merge-blocked",
+    "pending": "merge-waits",
+}
 
 
 def _task_json_sql(t: str = "t") -> str:
@@ -507,6 +517,8 @@ class SQLiteStore:
     def edit(self, task_id: str, change: TaskEdit) -> Task:
         with self._write() as db:
             cur = self._fetch(db, task_id)
+            if is_merge_claim(cur.claimed_by):
+                raise Conflict(f"cannot edit {task_id}: {MERGE_BUSY}")
             if change.touches_run and cur.claimed_by is not None:
                 raise Conflict(
                     f"{task_id} has an attempt running; its cwd, coder and model are frozen",
@@ -592,9 +604,10 @@ class SQLiteStore:
         idle: bool = False,
         **detail: Any,
     ) -> Task:
-        """Move `task_id` with `sets` iff its status is in `allowed` (and no attempt if idle)."""
+        """Move `task_id` with `sets` iff its status is in `allowed` (and no attempt if idle),
+        and no merge-back holds it (its verdict is about to be recorded)."""
         now = now_iso()
-        cond = f"status IN ({','.join('?' * len(allowed))})"
+        cond = f"status IN ({','.join('?' * len(allowed))}) AND {NOT_MERGING}"
         if idle:
             cond += " AND claimed_by IS NULL"
         with self._write() as db:
@@ -604,6 +617,8 @@ class SQLiteStore:
             ).fetchone()
             if row is None:
                 cur = self._fetch(db, task_id)
+                if is_merge_claim(cur.claimed_by):
+                    raise Conflict(f"cannot {verb} {task_id}: {MERGE_BUSY}")
                 if idle and cur.claimed_by:
                     raise Conflict(
                         f"cannot {verb} {task_id}: an attempt is still running",
@@ -1113,14 +1128,32 @@ class SQLiteStore:
             row = db.execute(
                 "UPDATE tasks SET status = 'merging', merge = COALESCE(?, merge),"
                 " merge_state = 'pending', merge_reason = NULL, finished_at = NULL,"
-                f" updated_at = ? WHERE id = ? AND {cond} AND claimed_by IS NULL"
-                " AND isolation = 'worktree' AND branch IS NOT NULL RETURNING id",
+                f" updated_at = ? WHERE id = ? AND {cond}"
+                # A merge claim may be there: the merge-back under way (or a dead one's, which
+                # the merge-back that follows takes over) settles the task either way.
+                f" AND (claimed_by IS NULL OR claimed_by GLOB '{MERGE_CLAIM}*')"
+                " AND isolation = 'worktree' AND branch IS NOT NULL"
+                # A task blocked for another reason (the retry limit, its own agent) has no
+                # work ready to go back; a merged one has none left to.
+                " AND (status != 'blocked' OR merge_state IN ('conflict', 'failed'))"
+                " AND merge_state IS NOT 'merged' RETURNING id",
                 (strategy, now_iso(), task_id, *(s.value for s in allowed)),
             ).fetchone()
             if row is None:
                 cur = self._fetch(db, task_id)
                 raise Conflict(f"cannot merge {task_id}: it is {_state_words(cur)}")
+            self._audit(db, task_id, "merge-requested", strategy=strategy)
             return self._fetch(db, task_id)
+
+    def take_merge(self, task_id: str, owner: str) -> Task | None:
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE tasks SET claimed_by = ?, lease_until = NULL WHERE id = ?"
+                " AND status = 'merging'"
+                f" AND (claimed_by IS NULL OR claimed_by GLOB '{MERGE_CLAIM}*') RETURNING id",
+                (owner, task_id),
+            ).fetchone()
+            return None if row is None else self._fetch(db, task_id)
 
     def record_merge(
         self,
@@ -1129,14 +1162,17 @@ class SQLiteStore:
         status: Status,
         mark: MergeMark,
         reason: str | None = None,
+        owner: str | None = None,
     ) -> Task:
         now = now_iso()
         with self._write() as db:
+            before = self._fetch(db, task_id)
             row = db.execute(
                 "UPDATE tasks SET status = ?, merge_state = ?, merge_reason = ?,"
                 " merged_commit = COALESCE(?, merged_commit), ahead = COALESCE(?, ahead),"
-                " reason = COALESCE(?, reason), finished_at = ?, updated_at = ?"
-                " WHERE id = ? AND status = ? AND claimed_by IS NULL RETURNING id",
+                " reason = COALESCE(?, reason), finished_at = ?, updated_at = ?,"
+                " claimed_by = NULL, lease_until = NULL"
+                " WHERE id = ? AND status = ? AND claimed_by IS ? RETURNING id",
                 (
                     status.value,
                     mark.state,
@@ -1148,12 +1184,24 @@ class SQLiteStore:
                     now,
                     task_id,
                     expected.value,
+                    owner,
                 ),
             ).fetchone()
             if row is None:
-                cur = self._fetch(db, task_id)
                 raise Conflict(
-                    f"cannot record the merge-back of {task_id}: it is {_state_words(cur)}"
+                    f"cannot record the merge-back of {task_id}: it is {_state_words(before)}"
+                )
+            # A merge that waits is tried again on every dispatch pass: one row per new reason.
+            again = mark.state == before.merge_state == "pending"
+            if not (again and mark.reason == before.merge_reason):
+                self._audit(
+                    db,
+                    task_id,
+                    MERGE_ACTION.get(mark.state, "merged-back"),
+                    state=mark.state,
+                    commit=mark.commit,
+                    ahead=mark.ahead,
+                    reason=mark.reason,
                 )
             return self._fetch(db, task_id)
 
@@ -1306,8 +1354,14 @@ class SQLiteStore:
 
 
 def _state_words(task: Task) -> str:
+    if is_merge_claim(task.claimed_by):
+        return "being merged back"
     if task.claimed_by:
         return "running"
     if not task.isolated or task.branch is None:
         return f"{task.status} and has no branch of its own"
+    if task.merge_state == "merged":
+        return f"{task.status} and already merged"
+    if task.status == Status.BLOCKED and task.merge_state not in ("conflict", "failed"):
+        return "blocked, and not by its merge-back"
     return str(task.status)
