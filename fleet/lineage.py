@@ -10,6 +10,9 @@ Invariants:
 - a handoff's successor and a merge task start from the work they continue: a successor of a
   worktree task branches from the predecessor's branch, a merge task depends on the tasks it
   consolidates (or on the successors they were handed off to);
+- a successor is never claimed while its predecessor is still claimed (the store's ready
+  rule): the predecessor's agent may still be writing, and its work reaches its branch only
+  when its runner stops; fleet-reap wakes fleet-claim then;
 - the texts added to a prompt (subtasks' outcomes, the handoff context with the predecessor's
   newest checkpoint summary, the branches and artifacts to consolidate) are built here, from
   the store at the start of the attempt.

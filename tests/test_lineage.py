@@ -6,6 +6,7 @@ waits for the subtask its agent spawned, and a handoff of a running task."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ from typing import Any
 import pytest
 
 from fleet.audit import ACTIONS, person
+from fleet.model import AttemptEnd, Status
 from fleet.paths import resolve
+from fleet.store import Store, open_store
 from fleet.store.schema import MIGRATIONS, VERSION
 from tests import sandbox
 from tests.conftest import Fleet, run_fleet
@@ -283,6 +286,34 @@ def test_a_version_5_store_is_migrated(home: Path, project: Path) -> None:
     assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert check.execute("SELECT action FROM audit").fetchall() == [("handed-off",), ("added",)]
     check.close()
+
+
+@contextlib.contextmanager
+def opened() -> Iterator[Store]:
+    store = open_store(resolve())
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def test_a_successor_waits_until_its_predecessors_attempt_ends(fleet: Fleet) -> None:
+    """Its predecessor's work reaches the branch only when that attempt's runner stops."""
+    tid = running(fleet, "long job")
+    successor = fleet.ok("handoff", tid, "--to", "command", "--no-block").strip()
+    with opened() as store:
+        assert store.get(tid).claimed_by == "test"  # the attempt is still stopping
+        assert [t.id for t in store.ready()] == []
+        assert store.claim_task(successor, "host", 60, "command", None) is None
+    (listed,) = json.loads(fleet.ok("ls", "--json"))
+    assert (listed["id"], listed["waiting_on"]) == (successor, [tid])
+    assert "waiting" in fleet.ok("ls")
+    assert fleet.show(successor)["waiting_on"] == [tid]
+    assert "waiting on " + tid in fleet.ok("show", successor)
+    with opened() as store:
+        store.finish(tid, "test", AttemptEnd("handed-off"), Status.HANDED_OFF)
+        assert [t.id for t in store.ready()] == [successor]
+    assert fleet.show(successor)["waiting_on"] == []
 
 
 # ---------------------------------------------------------------------- under systemd

@@ -65,6 +65,13 @@ DONE_ACTION = {
 FINAL = tuple(s.value for s in Status if s.final)
 
 
+# A handed-off task whose attempt has not ended yet: its agent may still be writing, and its
+# work reaches its branch only when its runner stops, so its successor may not start before.
+STOPPING = (
+    "EXISTS (SELECT 1 FROM tasks p WHERE p.id = {t}.predecessor AND p.claimed_by IS NOT NULL)"
+)
+
+
 def _task_json_sql(t: str = "t") -> str:
     exprs = {
         "labels": f"json({t}.labels)",
@@ -75,10 +82,14 @@ def _task_json_sql(t: str = "t") -> str:
             f" (SELECT json_group_array(d.after) FROM deps d WHERE d.task = {t}.id)"
             " ELSE json_array() END"
         ),
+        # A successor also waits for its predecessor's attempt to end (see READY_WHERE).
         "waiting_on": (
-            f"CASE WHEN EXISTS (SELECT 1 FROM deps d WHERE d.task = {t}.id) THEN"
-            " (SELECT json_group_array(d.after) FROM deps d JOIN tasks u ON u.id = d.after"
-            f" WHERE d.task = {t}.id AND u.status != 'done') ELSE json_array() END"
+            f"CASE WHEN EXISTS (SELECT 1 FROM deps d WHERE d.task = {t}.id) OR"
+            f" ({t}.predecessor IS NOT NULL AND {STOPPING.format(t=t)}) THEN"
+            " (SELECT json_group_array(w) FROM (SELECT d.after AS w FROM deps d JOIN tasks u"
+            f" ON u.id = d.after WHERE d.task = {t}.id AND u.status != 'done'"
+            f" UNION ALL SELECT p.id FROM tasks p WHERE p.id = {t}.predecessor"
+            " AND p.claimed_by IS NOT NULL)) ELSE json_array() END"
         ),
     }
     parts = (f"'{f.name}', {exprs.get(f.name, f'{t}.{f.name}')}" for f in TASK_FIELDS)
@@ -111,7 +122,7 @@ CHECKPOINT_JSON = (
 )
 READY_WHERE = (
     "t.status = 'ready' AND NOT EXISTS (SELECT 1 FROM deps d JOIN tasks u ON u.id = d.after"
-    " WHERE d.task = t.id AND u.status != 'done')"
+    " WHERE d.task = t.id AND u.status != 'done') AND NOT " + STOPPING.format(t="t")
 )
 ATTEMPT_COLUMNS = ", ".join(f.name for f in ATTEMPT_FIELDS)
 AUDIT_COLUMNS = ", ".join(f.name for f in AUDIT_FIELDS)
