@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,10 @@ from typing import Any
 import pytest
 
 from fleet.audit import ACTIONS, person
+from fleet.config import load
 from fleet.model import AttemptEnd, Status
 from fleet.paths import resolve
+from fleet.reap import Service, settle
 from fleet.store import Store, open_store
 from fleet.store.schema import MIGRATIONS, VERSION
 from tests import sandbox
@@ -314,6 +317,36 @@ def test_a_successor_waits_until_its_predecessors_attempt_ends(fleet: Fleet) -> 
         store.finish(tid, "test", AttemptEnd("handed-off"), Status.HANDED_OFF)
         assert [t.id for t in store.ready()] == [successor]
     assert fleet.show(successor)["waiting_on"] == []
+
+
+@pytest.mark.parametrize("action", ["suspend", "handoff"])
+def test_a_task_stopped_before_its_unit_started_is_not_run(
+    fleet: Fleet, project: Path, action: str
+) -> None:
+    """The dispatch pass claimed it and started its unit (--no-block); a person suspended or
+    handed it off before the runner took it, and the `.kill` they left would be cleared."""
+    ran = project / "ran"
+    tid = fleet.add("job", "--coder", "command", "-d", f"touch {ran}")
+    me = os.uname().nodename
+    with opened() as store:
+        assert store.claim_task(tid, me, 60, "command", None) is not None
+    if action == "suspend":
+        fleet.ok("suspend", tid, "--no-block")
+        status = "suspended"
+    else:
+        successor = fleet.ok("handoff", tid, "--to", "command", "--no-block").strip()
+        status = "handed-off"
+    started = run(tid, project, INVOCATION_ID="0123456789abcdef")  # as its unit runs it
+    assert started.returncode == 4 and not ran.exists()
+    assert f"not claimable: it was {status} before it started" in started.stderr
+    with opened() as store:  # fleet-reap, as ExecStopPost runs it
+        service = Service("exit-code", "exited", "4", "0123456789abcdef", 0)
+        assert settle(resolve(), store, load(resolve()), tid, service) == "not-started"
+    shown = fleet.show(tid)
+    assert (shown["status"], shown["claimed_by"], shown["failures"]) == (status, None, 0)
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["not-started"]
+    if action == "handoff":
+        assert fleet.show(successor)["waiting_on"] == []  # its predecessor let go
 
 
 # ---------------------------------------------------------------------- under systemd
