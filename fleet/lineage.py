@@ -108,8 +108,23 @@ def handoff(
         isolation=task.isolation,
         base=task.base,
         merge=task.merge,
+        merged_from=task.merged_from,  # a merge task handed on still consolidates the same
     )
     return store.handoff(task_id, successor, context)
+
+
+def start_branch(store: Store, task: Task) -> str | None:
+    """The branch a successor's worktree starts from: that of its nearest predecessor that
+    has one (a predecessor handed on before it ever ran has none, and its work is still on
+    the branch of the one before it); None for a task that continues nobody's branch."""
+    seen = {task.id}
+    current = task
+    while current.predecessor and current.predecessor not in seen:
+        current = store.get(current.predecessor)
+        seen.add(current.id)
+        if current.branch:
+            return current.branch
+    return None
 
 
 def sources(store: Store, task_ids: Sequence[str]) -> list[str]:

@@ -490,7 +490,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
             status="preparing the worktree", watchdog=1, extend_timeout_usec=GIT_GRACE_USEC
         )
         try:
-            start = store.get(task.predecessor).branch if task.predecessor else None
+            start = lineage.start_branch(store, task)
             place = worktree.ensure(task.id, task.cwd, task.base or "", paths.worktrees, start)
             task = store.set_worktree(task.id, me, place.branch, str(place.worktree))
         except FleetError as e:

@@ -349,6 +349,20 @@ def test_a_task_stopped_before_its_unit_started_is_not_run(
         assert fleet.show(successor)["waiting_on"] == []  # its predecessor let go
 
 
+def test_a_merge_task_handed_off_still_merges_the_same_tasks(fleet: Fleet, home: Path) -> None:
+    one = fleet.add("one", "--coder", "command", "-d", "true")
+    two = fleet.add("two", "--coder", "command", "-d", "true")
+    merge = fleet.ok("merge-tasks", one, two, "--title", "both", "-d", "true").strip()
+    successor = fleet.ok("handoff", merge, "--to", "command").strip()
+    shown = fleet.show(successor)
+    assert (shown["merged_from"], sorted(shown["after"])) == ([one, two], sorted([one, two]))
+    fleet.ok("close", one)
+    fleet.ok("close", two)
+    assert run(successor, home).returncode == 0
+    prompt = (home / "tasks" / successor / "prompt.md").read_text()
+    assert f"- {one} 'one' (done)" in prompt and f"- {two} 'two' (done)" in prompt
+
+
 # ---------------------------------------------------------------------- under systemd
 
 systemd = sandbox.systemd

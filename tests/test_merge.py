@@ -547,3 +547,16 @@ def test_a_successor_goes_on_from_the_branch_and_merges_into_the_base(
     assert git(repo, "merge-base", "--is-ancestor", wip, "main") == ""
     assert (repo / "a.txt").read_text() == "a\n"
     assert subjects(repo, "main")[-2:] == [f"fleet: work in progress of {a}, attempt 1", "init"]
+
+
+def test_a_successor_of_a_successor_that_never_ran_starts_from_the_first_branch(
+    fleet: Fleet, repo: Path, go: Path
+) -> None:
+    a = started(fleet, repo, go, "echo a > a.txt")
+    b = fleet.ok("handoff", a, "--to", "command").strip()
+    c = fleet.ok("handoff", b, "--to", "command").strip()  # before b ever ran
+    assert fleet.show(b)["branch"] is None
+    task = finish(fleet, repo, go, c)
+    assert (task["status"], task["merge_state"]) == ("done", "merged")
+    assert (repo / "a.txt").read_text() == "a\n"  # a's work went on in c, and back into main
+    assert f"fleet: work in progress of {a}, attempt 1" in subjects(repo, "main")

@@ -722,8 +722,15 @@ class SQLiteStore:
                 )
             new_id = self._insert(db, successor, now)
             db.execute(
-                "UPDATE tasks SET predecessor = ?, handoff = ?, parent = ? WHERE id = ?",
-                (task_id, context, successor.parent, new_id),
+                "UPDATE tasks SET predecessor = ?, handoff = ?, parent = ?, merged_from = ?"
+                " WHERE id = ?",
+                (
+                    task_id,
+                    context,
+                    successor.parent,
+                    json.dumps(list(successor.merged_from)),
+                    new_id,
+                ),
             )
             db.executemany(
                 "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
