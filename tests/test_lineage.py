@@ -363,6 +363,26 @@ def test_a_merge_task_handed_off_still_merges_the_same_tasks(fleet: Fleet, home:
     assert f"- {one} 'one' (done)" in prompt and f"- {two} 'two' (done)" in prompt
 
 
+def test_a_dependency_on_a_handed_off_task_waits_for_its_successor(
+    fleet: Fleet, project: Path
+) -> None:
+    first = fleet.add("first", "-d", "true")
+    second = fleet.ok("handoff", first, "--to", "command").strip()
+    last = fleet.ok("handoff", second, "--to", "command").strip()
+    added = fleet.add("added", "--after", first)
+    edited = fleet.add("edited")
+    fleet.ok("edit", edited, "--after", second)
+    batch = project / "batch.jsonl"
+    batch.write_text(json.dumps({"title": "batched", "after": [first]}) + "\n")
+    (batched,) = fleet.ok("add", "--batch", str(batch)).split()
+    for tid in (added, edited, batched):
+        assert fleet.show(tid)["after"] == [last]
+    fleet.ok("close", last)
+    assert all(fleet.show(t)["waiting_on"] == [] for t in (added, edited, batched))
+    fleet.ok("edit", edited, "--not-after", first)  # what stands for it goes too
+    assert fleet.show(edited)["after"] == []
+
+
 # ---------------------------------------------------------------------- under systemd
 
 systemd = sandbox.systemd

@@ -407,7 +407,7 @@ class SQLiteStore:
                     )
                 db.executemany(
                     "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
-                    [(new_ids[i], real(dep)) for dep in spec.after],
+                    [(new_ids[i], self._heir(db, real(dep))) for dep in spec.after],
                 )
                 if spec.merged_from:
                     db.execute(
@@ -480,6 +480,23 @@ class SQLiteStore:
                 visit(node)
 
     @staticmethod
+    def _heir(db: sqlite3.Connection, task_id: str) -> str:
+        """The task that carries `task_id`'s work on: its last successor if it was handed
+        off (a dependency counts only once its task is done, which a handed-off one never
+        is; `handoff` moves the dependencies that exist then the same way), else itself."""
+        seen = {task_id}
+        while True:
+            row = db.execute(
+                "SELECT s.id FROM tasks t JOIN tasks s ON s.predecessor = t.id"
+                " WHERE t.id = ? AND t.status = 'handed-off'",
+                (task_id,),
+            ).fetchone()
+            if row is None or row[0] in seen:
+                return task_id
+            task_id = row[0]
+            seen.add(task_id)
+
+    @staticmethod
     def _exists(db: sqlite3.Connection, task_id: str) -> bool:
         return db.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is not None
 
@@ -542,15 +559,18 @@ class SQLiteStore:
             if change.parent is not None:
                 self._check_parent(db, task_id, change.parent)
                 sets["parent"] = change.parent
-            for dep in change.add_after:
+            # A handed-off task's work goes on in its successor: depend on that (or no longer).
+            add_after = [self._heir(db, d) for d in change.add_after]
+            for dep in add_after:
                 self._check_dependency(db, task_id, dep)
             db.executemany(
                 "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
-                [(task_id, d) for d in change.add_after],
+                [(task_id, d) for d in add_after],
             )
             db.executemany(
                 "DELETE FROM deps WHERE task = ? AND after = ?",
-                [(task_id, d) for d in change.remove_after],
+                [(task_id, d) for d in change.remove_after]
+                + [(task_id, self._heir(db, d)) for d in change.remove_after],
             )
             changed = sorted(sets)
             if change.add_after or change.remove_after:
