@@ -25,7 +25,7 @@ from pathlib import Path
 
 from fleet.config import Config
 from fleet.errors import Conflict, InputError
-from fleet.model import Status, Task, TaskSpec
+from fleet.model import Task, TaskSpec
 from fleet.paths import Paths
 from fleet.store import Store
 
@@ -130,26 +130,7 @@ def start_branch(store: Store, task: Task) -> str | None:
 def sources(store: Store, task_ids: Sequence[str]) -> list[str]:
     """What a merge of `task_ids` waits for: each task, or the last successor of one that was
     handed off (whose work is the successor's now)."""
-    waits: list[str] = []
-    by_predecessor: dict[str, str] | None = None
-    for task_id in task_ids:
-        current = store.get(task_id)
-        while current.status == Status.HANDED_OFF:
-            if by_predecessor is None:
-                from fleet.store import TaskFilter
-
-                by_predecessor = {
-                    t.predecessor: t.id
-                    for t in store.tasks(TaskFilter(include_final=True))
-                    if t.predecessor
-                }
-            nxt = by_predecessor.get(current.id)
-            if nxt is None:
-                break
-            current = store.get(nxt)
-        if current.id not in waits:
-            waits.append(current.id)
-    return waits
+    return list(dict.fromkeys(store.heir(t) for t in task_ids))
 
 
 # -- what a prompt is told -------------------------------------------------------------------

@@ -383,6 +383,20 @@ def test_a_dependency_on_a_handed_off_task_waits_for_its_successor(
     assert fleet.show(edited)["after"] == []
 
 
+def test_wait_follows_a_handed_off_task_to_its_last_successor(fleet: Fleet) -> None:
+    first = fleet.add("first", "-d", "true")
+    second = fleet.ok("handoff", first, "--to", "command").strip()
+    last = fleet.ok("handoff", second, "--to", "command").strip()
+    assert fleet("wait", first, "--timeout", "0.2").code == 124  # its work goes on in `last`
+    fleet.ok("close", last)
+    waited = fleet("wait", first, second)
+    assert waited.code == 0, waited.err
+    assert f"{first} was handed off: waiting for {last}" in waited.err
+    fleet.ok("retry", last)
+    fleet.ok("cancel", last)
+    assert fleet("wait", first).code == 1
+
+
 # ---------------------------------------------------------------------- under systemd
 
 systemd = sandbox.systemd

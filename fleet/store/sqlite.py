@@ -283,6 +283,10 @@ class SQLiteStore:
             ).fetchall()
         return [AuditEntry(n, t, at, act, by, json.loads(d)) for n, t, at, act, by, d in rows]
 
+    def heir(self, task_id: str) -> str:
+        with self._read() as db:
+            return self._heir(db, task_id)
+
     def children(self, task_id: str) -> list[Task]:
         with self._read() as db:
             rows = db.execute(
