@@ -1,7 +1,9 @@
 """How work moves between tasks: subtasks, handoffs and merges, and what each one is told.
 
 Invariants:
-- a subtask inherits its parent's directory, isolation and base unless told otherwise; a
+- a subtask inherits its parent's directory, isolation and base unless told otherwise (in a
+  worktree parent's repository, the base is the parent's branch fleet/ID once it exists: the
+  subtask's work merges back there, for the parent's next attempt to build on); a
   parent that waits for it depends on it (`after`), so waiting is the queue's ordinary
   dependency rule and needs no state of its own: the parent's attempt ends as `waiting`
   (fleet-reap), and its next attempt is claimed once every subtask it waits for is done;
@@ -40,7 +42,9 @@ def subtask(
     model: str | None = None,
     waits: bool = False,
 ) -> TaskSpec:
-    """A subtask of `parent` in its directory, with its isolation and base."""
+    """A subtask of `parent` in its directory, with its isolation and base: the parent's
+    branch once it has one, so that the subtask's work merges back where the parent's next
+    attempt (told of its outcome) finds it."""
     return TaskSpec(
         title=title,
         cwd=parent.cwd,
@@ -50,7 +54,7 @@ def subtask(
         priority=parent.priority,
         parent=parent.id,
         isolation=parent.isolation or "none",
-        base=parent.base if parent.isolated else None,
+        base=(parent.branch or parent.base) if parent.isolated else None,
         merge=parent.merge if parent.isolated else None,
         parent_waits=waits,
     )
@@ -167,11 +171,16 @@ def merge_note(paths: Paths, merged: Sequence[Task]) -> str:
         " combine their artifacts.",
     ]
     for t in merged:
-        branch = t.branch or (f"fleet/{t.id}" if t.isolated else "none (no worktree isolation)")
+        if t.merge_state == "merged":
+            # Merged back when it was done (the default strategies), its branch deleted.
+            commit = f" (at {t.merged_commit[:12]})" if t.merged_commit else ""
+            code = f"its work is already in {t.base}{commit}"
+        elif t.isolated:
+            code = f"its work is on branch {t.branch or f'fleet/{t.id}'}"
+        else:
+            code = "no branch (no worktree isolation)"
         artifacts = Path(paths.tasks) / t.id / "artifacts"
-        lines.append(
-            f"- {t.id} {t.title!r} ({t.status}): branch {branch}; artifacts in {artifacts}"
-        )
+        lines.append(f"- {t.id} {t.title!r} ({t.status}): {code}; artifacts in {artifacts}")
     return "\n".join(lines) + "\n"
 
 

@@ -187,11 +187,12 @@ def inherit(
     parent: Task, cwd: str, isolation: str | None, base: str | None, merge: str | None
 ) -> tuple[str | None, str | None, str | None]:
     """A subtask's isolation, base and merge strategy: the parent's, unless given (its base
-    and strategy only in the parent's repository)."""
+    and strategy only in the parent's repository, where the base is the parent's branch once
+    it has one: see fleet.lineage)."""
     if isolation is None:
         isolation = parent.isolation or "none"
     if isolation == "worktree" and parent.isolated and cwd == parent.cwd:
-        base = base if base is not None else parent.base
+        base = base if base is not None else parent.branch or parent.base
         merge = merge if merge is not None else parent.merge
     return isolation, base, merge
 
