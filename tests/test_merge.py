@@ -594,7 +594,7 @@ def test_a_merge_task_is_told_where_each_source_is(fleet: Fleet, repo: Path, go:
 
     one = done(fleet, repo, "echo 1 > one.txt")
     two = started(fleet, repo, go, "echo 2 > two.txt", "--merge", "branch")
-    merger = fleet.ok("merge-tasks", one["id"], two, "--title", "both").strip()
+    merger = fleet.ok("merge-tasks", str(one["id"]), two, "--title", "both").strip()
     paths = resolve()
     store = open_store(paths)
     try:
