@@ -91,9 +91,8 @@ def handoff(
             f"handoff refused: no coder {coder!r} is configured",
             hint="configured coders: " + ", ".join(config.coders),
         )
+    # Which statuses may be handed off is the store's rule (its Conflict says so).
     task = store.get(task_id)
-    if task.status.final:
-        raise Conflict(f"cannot hand {task_id} off: it is {task.status}")
     usable, _, message, hint = coder_check(config, coder)
     if not usable:
         raise Conflict(f"handoff refused: {message}", hint=hint or None)

@@ -167,6 +167,7 @@ def test_refused_handoffs_change_nothing(fleet: Fleet, home: Path) -> None:
     fleet.ok("close", tid)
     late = fleet("handoff", tid, "--to", "command")
     assert late.code == 4 and "it is done" in late.err
+    assert "only a ready, running, blocked or suspended task can be handed off" in late.err
 
 
 def test_a_refused_action_writes_no_audit_row(fleet: Fleet, home: Path, project: Path) -> None:
