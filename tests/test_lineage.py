@@ -398,6 +398,63 @@ def test_wait_follows_a_handed_off_task_to_its_last_successor(fleet: Fleet) -> N
     assert fleet("wait", first).code == 1
 
 
+def test_bad_input_around_lineage_is_refused_with_a_hint(
+    fleet: Fleet, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = project / "batch.jsonl"
+    batch.write_text(json.dumps({"title": "x"}) + "\n")
+    parent = fleet.add("parent", "-d", "true")
+    for flags in (
+        ("--parent", parent),
+        ("--parent", parent, "--parent-waits"),
+        ("--parent-waits",),
+    ):
+        refused = fleet("add", "--batch", str(batch), *flags)
+        assert refused.code == 2 and "do not apply to --batch" in refused.err
+        assert "the keys parent and parent_waits" in refused.err
+    fleet.ok("suspend", parent)
+    retried = fleet("retry", parent)
+    assert retried.code == 4 and f"fleet resume {parent}" in retried.err
+    successor = fleet.ok("handoff", parent, "--to", "command").strip()
+    for verb in ("close", "retry"):
+        refused = fleet(verb, parent)
+        assert refused.code == 4 and f"its work goes on in {successor}" in refused.err
+        assert f"fleet {verb} {successor}" in refused.err
+
+
+def test_a_batch_line_with_a_parent_inherits_like_fleet_add(
+    fleet: Fleet, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    repo = make_repo(project)
+    parent = fleet.add("parent", "--isolation", "worktree", "--base", "main", "--merge", "rebase")
+    batch = tmp_path / "batch.jsonl"
+    lines = [
+        {"title": "child", "parent": parent, "parent_waits": True},
+        {"title": "new parent", "ref": "p", "isolation": "worktree", "merge": "ff-only"},
+        {"title": "grandchild", "parent": "p", "parent_waits": True},
+    ]
+    batch.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fleet.cwd = tmp_path  # added from somewhere else: the subtasks still work in the repository
+    child, new_parent, grandchild = fleet.ok(
+        "add", "--batch", str(batch), "--cwd", str(repo)
+    ).split()
+    for tid, of in ((child, parent), (grandchild, new_parent)):
+        shown = fleet.show(tid)
+        assert (shown["cwd"], shown["isolation"], shown["base"], shown["parent"]) == (
+            str(repo),
+            "worktree",
+            "main",
+            of,
+        )
+        assert fleet.show(of)["after"] == [tid]  # parent_waits
+    assert (fleet.show(child)["merge"], fleet.show(grandchild)["merge"]) == ("rebase", "ff-only")
+    bad = project / "bad.jsonl"
+    bad.write_text(json.dumps({"title": "x", "parent_waits": True}) + "\n")
+    refused = fleet("add", "--batch", str(bad))
+    assert refused.code == 2 and "line 1: parent_waits needs parent" in refused.err
+
+
 # ---------------------------------------------------------------------- under systemd
 
 systemd = sandbox.systemd
