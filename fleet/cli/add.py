@@ -61,13 +61,20 @@ BATCH_KEYS = (
     show_default=True,
     help="0 is claimed first, 4 last.",
 )
-@click.option("--after", "after", type=TASK, multiple=True, help="Run only once this task is done.")
+@click.option(
+    "--after",
+    "after",
+    type=TASK,
+    multiple=True,
+    help="Run only once this task is done (a handed-off one: its last successor).",
+)
 @click.option("--label", "labels", multiple=True, metavar="LABEL", help="Attach a label.")
 @click.option(
     "--parent",
     type=TASK,
     help="Record this task as a subtask of another; it works in the parent's directory, with"
-    " its isolation and base, unless --cwd, --isolation or --base say otherwise.",
+    " its isolation and base (a worktree parent's branch fleet/ID once it has one), unless"
+    " --cwd, --isolation or --base say otherwise.",
 )
 @click.option(
     "--parent-waits",
@@ -96,8 +103,8 @@ BATCH_KEYS = (
 @click.option(
     "--batch",
     metavar="FILE|-",
-    help="Add many tasks from a file of JSON lines (keys as the options; `ref` names a task"
-    " for `after` within the batch).",
+    help="Add many tasks from a file of JSON lines (keys as the options, parent_waits for"
+    " --parent-waits; `ref` names a task for `after` or `parent` within the batch).",
 )
 @output_options
 @pass_app
