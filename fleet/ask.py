@@ -365,10 +365,11 @@ class Asker:
         successor = lineage.handoff(
             self.store, self.config, self.task_id, coder, model, self.redact(context)
         )
-        wake.poke(self.paths)
         # This attempt is over: its runner stops the agent, and fleet-reap finds the task
-        # handed off, which counts as nothing.
+        # handed off, which counts as nothing. The successor is claimed only once this
+        # attempt has ended (and its work is on the branch); the poke is for other work.
         (self.directory / taskdir.KILL).touch()
+        wake.poke(self.paths)
         return f"Handed off to {successor.id} ({coder}). Stop working now: this attempt ends."
 
     def cancel_mine(self) -> None:

@@ -1,7 +1,9 @@
 """How work moves between tasks: subtasks, handoffs and merges, and what each one is told.
 
 Invariants:
-- a subtask inherits its parent's directory, isolation and base unless told otherwise; a
+- a subtask inherits its parent's directory, isolation and base unless told otherwise (in a
+  worktree parent's repository, the base is the parent's branch fleet/ID once it exists: the
+  subtask's work merges back there, for the parent's next attempt to build on); a
   parent that waits for it depends on it (`after`), so waiting is the queue's ordinary
   dependency rule and needs no state of its own: the parent's attempt ends as `waiting`
   (fleet-reap), and its next attempt is claimed once every subtask it waits for is done;
@@ -10,6 +12,9 @@ Invariants:
 - a handoff's successor and a merge task start from the work they continue: a successor of a
   worktree task branches from the predecessor's branch, a merge task depends on the tasks it
   consolidates (or on the successors they were handed off to);
+- a successor is never claimed while its predecessor is still claimed (the store's ready
+  rule): the predecessor's agent may still be writing, and its work reaches its branch only
+  when its runner stops; fleet-reap wakes fleet-claim then;
 - the texts added to a prompt (subtasks' outcomes, the handoff context with the predecessor's
   newest checkpoint summary, the branches and artifacts to consolidate) are built here, from
   the store at the start of the attempt.
@@ -22,7 +27,7 @@ from pathlib import Path
 
 from fleet.config import Config
 from fleet.errors import Conflict, InputError
-from fleet.model import Status, Task, TaskSpec
+from fleet.model import Task, TaskSpec
 from fleet.paths import Paths
 from fleet.store import Store
 
@@ -37,7 +42,9 @@ def subtask(
     model: str | None = None,
     waits: bool = False,
 ) -> TaskSpec:
-    """A subtask of `parent` in its directory, with its isolation and base."""
+    """A subtask of `parent` in its directory, with its isolation and base: the parent's
+    branch once it has one, so that the subtask's work merges back where the parent's next
+    attempt (told of its outcome) finds it."""
     return TaskSpec(
         title=title,
         cwd=parent.cwd,
@@ -47,7 +54,7 @@ def subtask(
         priority=parent.priority,
         parent=parent.id,
         isolation=parent.isolation or "none",
-        base=parent.base if parent.isolated else None,
+        base=(parent.branch or parent.base) if parent.isolated else None,
         merge=parent.merge if parent.isolated else None,
         parent_waits=waits,
     )
@@ -84,9 +91,8 @@ def handoff(
             f"handoff refused: no coder {coder!r} is configured",
             hint="configured coders: " + ", ".join(config.coders),
         )
+    # Which statuses may be handed off is the store's rule (its Conflict says so).
     task = store.get(task_id)
-    if task.status.final:
-        raise Conflict(f"cannot hand {task_id} off: it is {task.status}")
     usable, _, message, hint = coder_check(config, coder)
     if not usable:
         raise Conflict(f"handoff refused: {message}", hint=hint or None)
@@ -105,33 +111,29 @@ def handoff(
         isolation=task.isolation,
         base=task.base,
         merge=task.merge,
+        merged_from=task.merged_from,  # a merge task handed on still consolidates the same
     )
     return store.handoff(task_id, successor, context)
+
+
+def start_branch(store: Store, task: Task) -> str | None:
+    """The branch a successor's worktree starts from: that of its nearest predecessor that
+    has one (a predecessor handed on before it ever ran has none, and its work is still on
+    the branch of the one before it); None for a task that continues nobody's branch."""
+    seen = {task.id}
+    current = task
+    while current.predecessor and current.predecessor not in seen:
+        current = store.get(current.predecessor)
+        seen.add(current.id)
+        if current.branch:
+            return current.branch
+    return None
 
 
 def sources(store: Store, task_ids: Sequence[str]) -> list[str]:
     """What a merge of `task_ids` waits for: each task, or the last successor of one that was
     handed off (whose work is the successor's now)."""
-    waits: list[str] = []
-    by_predecessor: dict[str, str] | None = None
-    for task_id in task_ids:
-        current = store.get(task_id)
-        while current.status == Status.HANDED_OFF:
-            if by_predecessor is None:
-                from fleet.store import TaskFilter
-
-                by_predecessor = {
-                    t.predecessor: t.id
-                    for t in store.tasks(TaskFilter(include_final=True))
-                    if t.predecessor
-                }
-            nxt = by_predecessor.get(current.id)
-            if nxt is None:
-                break
-            current = store.get(nxt)
-        if current.id not in waits:
-            waits.append(current.id)
-    return waits
+    return list(dict.fromkeys(store.heir(t) for t in task_ids))
 
 
 # -- what a prompt is told -------------------------------------------------------------------
@@ -168,11 +170,16 @@ def merge_note(paths: Paths, merged: Sequence[Task]) -> str:
         " combine their artifacts.",
     ]
     for t in merged:
-        branch = t.branch or (f"fleet/{t.id}" if t.isolated else "none (no worktree isolation)")
+        if t.merge_state == "merged":
+            # Merged back when it was done (the default strategies), its branch deleted.
+            commit = f" (at {t.merged_commit[:12]})" if t.merged_commit else ""
+            code = f"its work is already in {t.base}{commit}"
+        elif t.isolated:
+            code = f"its work is on branch {t.branch or f'fleet/{t.id}'}"
+        else:
+            code = "no branch (no worktree isolation)"
         artifacts = Path(paths.tasks) / t.id / "artifacts"
-        lines.append(
-            f"- {t.id} {t.title!r} ({t.status}): branch {branch}; artifacts in {artifacts}"
-        )
+        lines.append(f"- {t.id} {t.title!r} ({t.status}): {code}; artifacts in {artifacts}")
     return "\n".join(lines) + "\n"
 
 

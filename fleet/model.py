@@ -79,7 +79,11 @@ TASK_FIELDS: tuple[Field, ...] = (
     Field("model", "text", "model name; null means the coder's default"),
     Field("labels", "list", "free-form labels"),
     Field("after", "list", "ids of the tasks this one depends on"),
-    Field("waiting_on", "list", "the dependencies that are not done yet"),
+    Field(
+        "waiting_on",
+        "list",
+        "the dependencies that are not done yet, and a predecessor whose attempt has not ended",
+    ),
     Field("parent", "text", "id of the parent task, or null"),
     Field("attempts", "int", "number of attempts started"),
     Field("failures", "int", "failed attempts since the last retry"),

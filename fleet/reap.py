@@ -12,6 +12,9 @@ here first. A worktree task whose attempt succeeded is not done yet: it goes to 
 its branch is merged back here and now (fleet.merge), leaving it done, blocked, or merging still
 (retried by every dispatch pass). Then it wakes fleet-claim, since a slot is free, and when the
 task is left blocked (other than by a person's kill) it notifies a person through fleet.alerts.
+A runner that refused to start (the task was suspended, handed off or closed between its claim
+and the unit's start) leaves a `refused` outcome: the claim, this host's, is released with the
+attempt `not-started` and the person's status kept.
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ def settle(
     ):
         found = None  # an older attempt's file
     if found is not None and found.verdict == "refused":
-        return None
+        return release_refused(paths, store, task, found, service)
     if task.claimed_by != owner():
         return None
     kind, reason = classify(task, found, service, spawned_now(store, task))
@@ -232,6 +235,34 @@ def settle(
     wake.poke(paths)
     alert(paths, config, task, after, kind)
     return kind
+
+
+def release_refused(
+    paths: Paths,
+    store: Store,
+    task: Task,
+    found: outcome_file.Outcome,
+    service: Service | None,
+) -> str | None:
+    """A unit whose runner refused to start an attempt: if the claim is this host's for that
+    very attempt and the task is no longer running (suspended, handed off or closed between
+    the claim and the start), the attempt never started: release the claim, keeping the
+    status a person set, and wake fleet-claim (a successor may wait for this). Anything else
+    (a task that was not claimable, or claimed elsewhere) is left as it is."""
+    if (
+        service is None
+        or not found.invocation
+        or task.claimed_by != owner()
+        or task.status == Status.RUNNING
+        or found.attempt != task.attempts
+    ):
+        return None
+    try:
+        store.finish(task.id, owner(), AttemptEnd("not-started"), task.status)
+    except Conflict:
+        return None  # released meanwhile
+    wake.poke(paths)
+    return "not-started"
 
 
 def merge_back(paths: Paths, store: Store, config: Config, task: Task) -> Task:

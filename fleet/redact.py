@@ -68,13 +68,16 @@ def secret_values(env: Mapping[str, str] | None = None, names: Iterable[str] = (
     return sorted(values, key=len, reverse=True)
 
 
-# An escaped backslash, or a JSON escape of a printable ASCII character (\u0073 is "s").
-_ASCII_ESCAPE = re.compile(r"\\(?:\\|u00([2-7][0-9A-Fa-f]))")
+# An escaped backslash, an escaped solidus (\/, which encoders may write for "/", as inside a
+# base64 bearer token), or a JSON escape of a printable ASCII character (\u0073 is "s").
+_ASCII_ESCAPE = re.compile(r"\\(?:\\|/|u00([2-7][0-9A-Fa-f]))")
 
 
 def _spelled_plainly(match: re.Match[str]) -> str:
     code = match.group(1)
     if code is None:
+        if match.group(0) == "\\/":
+            return "/"  # "/" needs no escape: the same JSON either way
         return match.group(0)  # "\\": the backslash itself, escaped; what follows is not an escape
     char = chr(int(code, 16))
     # These three must stay escaped for the text to remain the same JSON.
@@ -107,8 +110,9 @@ class Redactor:
         return text
 
     def __call__(self, text: str) -> str:
-        if "\\u00" in text:
-            # JSON may spell any letter of a key as \u00XX, and the patterns would not see it.
+        if "\\u00" in text or "\\/" in text:
+            # JSON may spell any letter of a key as \u00XX (and "/" as \/), and the patterns
+            # would not see it.
             # The text is only respelled when respelling reveals something to mask.
             plain = unescape_ascii(text)
             if plain != text:

@@ -71,6 +71,11 @@ def take(store: Store, config: Config, task_id: str, me: str, under_systemd: boo
                 f"{task_id} is already running under systemd",
                 hint=f"follow it with `fleet logs -f {task_id}`",
             )
+        if task.status != Status.RUNNING:
+            # Suspended, handed off, closed... between the claim and this unit's start: the
+            # `.kill` a person's command left would be cleared by taskdir.prepare, so this is
+            # where the attempt is refused. fleet-reap then releases the claim.
+            raise Conflict(f"{task_id} is not claimable: it was {task.status} before it started")
         return task
     if task.claimed_by is None:
         claimed = store.claim_task(
@@ -485,7 +490,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
             status="preparing the worktree", watchdog=1, extend_timeout_usec=GIT_GRACE_USEC
         )
         try:
-            start = store.get(task.predecessor).branch if task.predecessor else None
+            start = lineage.start_branch(store, task)
             place = worktree.ensure(task.id, task.cwd, task.base or "", paths.worktrees, start)
             task = store.set_worktree(task.id, me, place.branch, str(place.worktree))
         except FleetError as e:

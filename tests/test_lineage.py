@@ -6,7 +6,9 @@ waits for the subtask its agent spawned, and a handoff of a running task."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,11 @@ from typing import Any
 import pytest
 
 from fleet.audit import ACTIONS, person
+from fleet.config import load
+from fleet.model import AttemptEnd, Status
 from fleet.paths import resolve
+from fleet.reap import Service, settle
+from fleet.store import Store, open_store
 from fleet.store.schema import MIGRATIONS, VERSION
 from tests import sandbox
 from tests.conftest import Fleet, run_fleet
@@ -161,6 +167,7 @@ def test_refused_handoffs_change_nothing(fleet: Fleet, home: Path) -> None:
     fleet.ok("close", tid)
     late = fleet("handoff", tid, "--to", "command")
     assert late.code == 4 and "it is done" in late.err
+    assert "only a ready, running, blocked or suspended task can be handed off" in late.err
 
 
 def test_a_refused_action_writes_no_audit_row(fleet: Fleet, home: Path, project: Path) -> None:
@@ -283,6 +290,169 @@ def test_a_version_5_store_is_migrated(home: Path, project: Path) -> None:
     assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert check.execute("SELECT action FROM audit").fetchall() == [("handed-off",), ("added",)]
     check.close()
+
+
+@contextlib.contextmanager
+def opened() -> Iterator[Store]:
+    store = open_store(resolve())
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def test_a_successor_waits_until_its_predecessors_attempt_ends(fleet: Fleet) -> None:
+    """Its predecessor's work reaches the branch only when that attempt's runner stops."""
+    tid = running(fleet, "long job")
+    successor = fleet.ok("handoff", tid, "--to", "command", "--no-block").strip()
+    with opened() as store:
+        assert store.get(tid).claimed_by == "test"  # the attempt is still stopping
+        assert [t.id for t in store.ready()] == []
+        assert store.claim_task(successor, "host", 60, "command", None) is None
+    (listed,) = json.loads(fleet.ok("ls", "--json"))
+    assert (listed["id"], listed["waiting_on"]) == (successor, [tid])
+    assert "waiting" in fleet.ok("ls")
+    assert fleet.show(successor)["waiting_on"] == [tid]
+    assert "waiting on " + tid in fleet.ok("show", successor)
+    with opened() as store:
+        store.finish(tid, "test", AttemptEnd("handed-off"), Status.HANDED_OFF)
+        assert [t.id for t in store.ready()] == [successor]
+    assert fleet.show(successor)["waiting_on"] == []
+
+
+@pytest.mark.parametrize("action", ["suspend", "handoff"])
+def test_a_task_stopped_before_its_unit_started_is_not_run(
+    fleet: Fleet, project: Path, action: str
+) -> None:
+    """The dispatch pass claimed it and started its unit (--no-block); a person suspended or
+    handed it off before the runner took it, and the `.kill` they left would be cleared."""
+    ran = project / "ran"
+    tid = fleet.add("job", "--coder", "command", "-d", f"touch {ran}")
+    me = os.uname().nodename
+    with opened() as store:
+        assert store.claim_task(tid, me, 60, "command", None) is not None
+    if action == "suspend":
+        fleet.ok("suspend", tid, "--no-block")
+        status = "suspended"
+    else:
+        successor = fleet.ok("handoff", tid, "--to", "command", "--no-block").strip()
+        status = "handed-off"
+    started = run(tid, project, INVOCATION_ID="0123456789abcdef")  # as its unit runs it
+    assert started.returncode == 4 and not ran.exists()
+    assert f"not claimable: it was {status} before it started" in started.stderr
+    with opened() as store:  # fleet-reap, as ExecStopPost runs it
+        service = Service("exit-code", "exited", "4", "0123456789abcdef", 0)
+        assert settle(resolve(), store, load(resolve()), tid, service) == "not-started"
+    shown = fleet.show(tid)
+    assert (shown["status"], shown["claimed_by"], shown["failures"]) == (status, None, 0)
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["not-started"]
+    if action == "handoff":
+        assert fleet.show(successor)["waiting_on"] == []  # its predecessor let go
+
+
+def test_a_merge_task_handed_off_still_merges_the_same_tasks(fleet: Fleet, home: Path) -> None:
+    one = fleet.add("one", "--coder", "command", "-d", "true")
+    two = fleet.add("two", "--coder", "command", "-d", "true")
+    merge = fleet.ok("merge-tasks", one, two, "--title", "both", "-d", "true").strip()
+    successor = fleet.ok("handoff", merge, "--to", "command").strip()
+    shown = fleet.show(successor)
+    assert (shown["merged_from"], sorted(shown["after"])) == ([one, two], sorted([one, two]))
+    fleet.ok("close", one)
+    fleet.ok("close", two)
+    assert run(successor, home).returncode == 0
+    prompt = (home / "tasks" / successor / "prompt.md").read_text()
+    assert f"- {one} 'one' (done)" in prompt and f"- {two} 'two' (done)" in prompt
+
+
+def test_a_dependency_on_a_handed_off_task_waits_for_its_successor(
+    fleet: Fleet, project: Path
+) -> None:
+    first = fleet.add("first", "-d", "true")
+    second = fleet.ok("handoff", first, "--to", "command").strip()
+    last = fleet.ok("handoff", second, "--to", "command").strip()
+    added = fleet.add("added", "--after", first)
+    edited = fleet.add("edited")
+    fleet.ok("edit", edited, "--after", second)
+    batch = project / "batch.jsonl"
+    batch.write_text(json.dumps({"title": "batched", "after": [first]}) + "\n")
+    (batched,) = fleet.ok("add", "--batch", str(batch)).split()
+    for tid in (added, edited, batched):
+        assert fleet.show(tid)["after"] == [last]
+    fleet.ok("close", last)
+    assert all(fleet.show(t)["waiting_on"] == [] for t in (added, edited, batched))
+    fleet.ok("edit", edited, "--not-after", first)  # what stands for it goes too
+    assert fleet.show(edited)["after"] == []
+
+
+def test_wait_follows_a_handed_off_task_to_its_last_successor(fleet: Fleet) -> None:
+    first = fleet.add("first", "-d", "true")
+    second = fleet.ok("handoff", first, "--to", "command").strip()
+    last = fleet.ok("handoff", second, "--to", "command").strip()
+    assert fleet("wait", first, "--timeout", "0.2").code == 124  # its work goes on in `last`
+    fleet.ok("close", last)
+    waited = fleet("wait", first, second)
+    assert waited.code == 0, waited.err
+    assert f"{first} was handed off: waiting for {last}" in waited.err
+    fleet.ok("retry", last)
+    fleet.ok("cancel", last)
+    assert fleet("wait", first).code == 1
+
+
+def test_bad_input_around_lineage_is_refused_with_a_hint(
+    fleet: Fleet, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = project / "batch.jsonl"
+    batch.write_text(json.dumps({"title": "x"}) + "\n")
+    parent = fleet.add("parent", "-d", "true")
+    for flags in (
+        ("--parent", parent),
+        ("--parent", parent, "--parent-waits"),
+        ("--parent-waits",),
+    ):
+        refused = fleet("add", "--batch", str(batch), *flags)
+        assert refused.code == 2 and "do not apply to --batch" in refused.err
+        assert "the keys parent and parent_waits" in refused.err
+    fleet.ok("suspend", parent)
+    retried = fleet("retry", parent)
+    assert retried.code == 4 and f"fleet resume {parent}" in retried.err
+    successor = fleet.ok("handoff", parent, "--to", "command").strip()
+    for verb in ("close", "retry"):
+        refused = fleet(verb, parent)
+        assert refused.code == 4 and f"its work goes on in {successor}" in refused.err
+        assert f"fleet {verb} {successor}" in refused.err
+
+
+def test_a_batch_line_with_a_parent_inherits_like_fleet_add(
+    fleet: Fleet, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    repo = make_repo(project)
+    parent = fleet.add("parent", "--isolation", "worktree", "--base", "main", "--merge", "rebase")
+    batch = tmp_path / "batch.jsonl"
+    lines = [
+        {"title": "child", "parent": parent, "parent_waits": True},
+        {"title": "new parent", "ref": "p", "isolation": "worktree", "merge": "ff-only"},
+        {"title": "grandchild", "parent": "p", "parent_waits": True},
+    ]
+    batch.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fleet.cwd = tmp_path  # added from somewhere else: the subtasks still work in the repository
+    child, new_parent, grandchild = fleet.ok(
+        "add", "--batch", str(batch), "--cwd", str(repo)
+    ).split()
+    for tid, of in ((child, parent), (grandchild, new_parent)):
+        shown = fleet.show(tid)
+        assert (shown["cwd"], shown["isolation"], shown["base"], shown["parent"]) == (
+            str(repo),
+            "worktree",
+            "main",
+            of,
+        )
+        assert fleet.show(of)["after"] == [tid]  # parent_waits
+    assert (fleet.show(child)["merge"], fleet.show(grandchild)["merge"]) == ("rebase", "ff-only")
+    bad = project / "bad.jsonl"
+    bad.write_text(json.dumps({"title": "x", "parent_waits": True}) + "\n")
+    refused = fleet("add", "--batch", str(bad))
+    assert refused.code == 2 and "line 1: parent_waits needs parent" in refused.err
 
 
 # ---------------------------------------------------------------------- under systemd

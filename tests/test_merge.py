@@ -707,3 +707,60 @@ def test_the_sweep_looks_at_handed_off_tasks(
     assert not worktree_of(home, empty).exists()
     assert git(repo, "branch", "--list", f"fleet/{empty}") == ""
     assert worktree_of(home, ahead).exists()
+
+
+def test_a_successor_of_a_successor_that_never_ran_starts_from_the_first_branch(
+    fleet: Fleet, repo: Path, go: Path
+) -> None:
+    a = started(fleet, repo, go, "echo a > a.txt")
+    b = fleet.ok("handoff", a, "--to", "command").strip()
+    c = fleet.ok("handoff", b, "--to", "command").strip()  # before b ever ran
+    assert fleet.show(b)["branch"] is None
+    task = finish(fleet, repo, go, c)
+    assert (task["status"], task["merge_state"]) == ("done", "merged")
+    assert (repo / "a.txt").read_text() == "a\n"  # a's work went on in c, and back into main
+    assert f"fleet: work in progress of {a}, attempt 1" in subjects(repo, "main")
+
+
+def test_a_subtask_merges_into_its_parents_branch(fleet: Fleet, repo: Path, go: Path) -> None:
+    """The parent's next attempt, told how its subtasks ended, finds their work on its branch
+    (checked out in its worktree, clean between attempts)."""
+    from fleet import lineage
+
+    parent = started(fleet, repo, go, "echo p > p.txt", "--merge", "rebase")
+    child = fleet.add("c", "--coder", "command", "-d", "echo c > c.txt", "--parent", parent)
+    shown = fleet.show(child)
+    assert (shown["isolation"], shown["base"], shown["merge"]) == (
+        "worktree",
+        f"fleet/{parent}",
+        "rebase",
+    )
+    result = run(child, repo)
+    assert result.returncode == 0, result.stderr
+    assert fleet.show(child)["merge_state"] == "merged"
+    assert git(repo, "show", f"fleet/{parent}:c.txt") == "c"
+    assert (Path(fleet.show(parent)["worktree"]) / "c.txt").read_text() == "c\n"
+    assert not (repo / "c.txt").exists()  # main has it once the parent is merged back
+    store = open_store(resolve())
+    try:
+        spawned = lineage.subtask(store.get(parent), "through the MCP server")
+    finally:
+        store.close()
+    assert spawned.base == f"fleet/{parent}"
+
+
+def test_a_merge_task_is_told_where_each_source_is(fleet: Fleet, repo: Path, go: Path) -> None:
+    from fleet import lineage
+
+    one = done(fleet, repo, "echo 1 > one.txt")
+    two = started(fleet, repo, go, "echo 2 > two.txt", "--merge", "branch")
+    merger = fleet.ok("merge-tasks", str(one["id"]), two, "--title", "both").strip()
+    paths = resolve()
+    store = open_store(paths)
+    try:
+        note = lineage.prompt_notes(paths, store, store.get(merger))
+    finally:
+        store.close()
+    commit = str(one["merged_commit"])[:12]
+    assert f"{one['id']} 't' (done): its work is already in main (at {commit})" in note
+    assert f"{two} 't' (ready): its work is on branch fleet/{two}" in note

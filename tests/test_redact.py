@@ -116,3 +116,9 @@ def test_a_secret_behind_json_escapes_is_masked_and_other_escapes_stay() -> None
     assert unescape_ascii("\\u0022 \\u005c \\u007f \\u0073 \\\\u0073") == (
         "\\u0022 \\u005c \\u007f s \\\\u0073"
     )
+
+
+def test_an_escaped_solidus_inside_a_bearer_token_is_masked() -> None:
+    line = '{"h": "Authorization: Bearer abcDEF123\\/ghiJKL456\\/mnoPQR789=="}'
+    assert Redactor()(line) == f'{{"h": "Authorization: Bearer {MASK}"}}'
+    assert unescape_ascii("a\\/b \\\\/c") == "a/b \\\\/c"  # an escaped backslash stays

@@ -38,6 +38,7 @@ BATCH_KEYS = (
     "isolation",
     "base",
     "merge",
+    "parent_waits",
 )
 
 
@@ -60,13 +61,20 @@ BATCH_KEYS = (
     show_default=True,
     help="0 is claimed first, 4 last.",
 )
-@click.option("--after", "after", type=TASK, multiple=True, help="Run only once this task is done.")
+@click.option(
+    "--after",
+    "after",
+    type=TASK,
+    multiple=True,
+    help="Run only once this task is done (a handed-off one: its last successor).",
+)
 @click.option("--label", "labels", multiple=True, metavar="LABEL", help="Attach a label.")
 @click.option(
     "--parent",
     type=TASK,
     help="Record this task as a subtask of another; it works in the parent's directory, with"
-    " its isolation and base, unless --cwd, --isolation or --base say otherwise.",
+    " its isolation and base (a worktree parent's branch fleet/ID once it has one), unless"
+    " --cwd, --isolation or --base say otherwise.",
 )
 @click.option(
     "--parent-waits",
@@ -95,8 +103,8 @@ BATCH_KEYS = (
 @click.option(
     "--batch",
     metavar="FILE|-",
-    help="Add many tasks from a file of JSON lines (keys as the options; `ref` names a task"
-    " for `after` within the batch).",
+    help="Add many tasks from a file of JSON lines (keys as the options, parent_waits for"
+    " --parent-waits; `ref` names a task for `after` or `parent` within the batch).",
 )
 @output_options
 @pass_app
@@ -127,6 +135,11 @@ def add(
     from fleet.store.base import BadSpec
 
     lines: list[int] = []
+    if batch is not None and (parent is not None or parent_waits):
+        raise InputError(
+            "--parent and --parent-waits do not apply to --batch",
+            hint="give the keys parent and parent_waits on the batch's lines",
+        )
     if parent_waits and parent is None:
         raise InputError("--parent-waits needs --parent", hint="fleet add TITLE --parent ID ...")
     if batch is not None:
@@ -184,14 +197,17 @@ def add(
 
 
 def inherit(
-    parent: Task, cwd: str, isolation: str | None, base: str | None, merge: str | None
+    parent: Task | TaskSpec, cwd: str, isolation: str | None, base: str | None, merge: str | None
 ) -> tuple[str | None, str | None, str | None]:
     """A subtask's isolation, base and merge strategy: the parent's, unless given (its base
-    and strategy only in the parent's repository)."""
+    and strategy only in the parent's repository, where the base is the parent's branch once
+    it has one: see fleet.lineage)."""
     if isolation is None:
         isolation = parent.isolation or "none"
-    if isolation == "worktree" and parent.isolated and cwd == parent.cwd:
-        base = base if base is not None else parent.base
+    # A parent still in the same batch (a TaskSpec) has no branch yet.
+    branch = parent.branch if isinstance(parent, Task) else None
+    if isolation == "worktree" and parent.isolation == "worktree" and cwd == parent.cwd:
+        base = base if base is not None else branch or parent.base
         merge = merge if merge is not None else parent.merge
     return isolation, base, merge
 
@@ -251,7 +267,7 @@ def read_batch(app: App, source: str, default_cwd: str | None) -> tuple[list[Tas
     checked: dict[Isolating, tuple[str, str | None]] = {}
     for number, obj in objs:
         try:
-            specs.append(_spec(app, obj, refs, default_cwd, cwds, checked))
+            specs.append(_spec(app, obj, refs, default_cwd, cwds, checked, specs))
         except FleetError as e:
             # Keep the error's class, and with it the exit status (no task: 3, config: 5).
             raise type(e)(f"{name} line {number}: {e.message}", e.hint) from None
@@ -265,7 +281,9 @@ def _spec(
     default_cwd: str,
     cwds: dict[str, str],
     checked: dict[Isolating, tuple[str, str | None]],
+    earlier: list[TaskSpec],
 ) -> TaskSpec:
+    """One batch line as a spec; `earlier`: the lines before it, a `parent` ref names one."""
     from fleet import inputs
 
     unknown = sorted(set(obj) - set(BATCH_KEYS))
@@ -309,10 +327,27 @@ def _spec(
     merge = text("merge")
     if merge is not None and merge not in MERGE_STRATEGIES:
         raise InputError(f"merge must be one of {', '.join(MERGE_STRATEGIES)}, not {merge!r}")
-    directory = cwds[cwd] if cwd is not None else default_cwd
-    key = (directory, isolation, text("base"), merge)
+    waits = obj.get("parent_waits", False)
+    if not isinstance(waits, bool):
+        raise InputError("parent_waits must be true or false")
+    if waits and not parent:
+        raise InputError("parent_waits needs parent", hint='add "parent": "ID" to the line')
+    base = text("base")
+    parent_ref = task_ref(parent) if parent else None
+    # A subtask works where its parent does, with its isolation, base and strategy, unless
+    # the line says otherwise: as `fleet add --parent` does.
+    of: Task | TaskSpec | None = None
+    if parent_ref is not None and parent_ref.startswith("ref:"):
+        of = next((s for s in earlier if s.ref == parent_ref[4:]), None)
+    elif parent_ref is not None:
+        of = app.store.get(parent_ref)
+    fallback = of.cwd if of is not None else default_cwd  # the line's own cwd comes first
+    directory = cwds[cwd] if cwd is not None else fallback
+    if of is not None:
+        isolation, base, merge = inherit(of, directory, isolation, base, merge)
+    key = (directory, isolation, base, merge)
     if key not in checked:  # a batch names few repositories: ask git once for each
-        checked[key] = isolate(app, directory, isolation, text("base"), merge, "")
+        checked[key] = isolate(app, directory, isolation, base, merge, "")
     isolation, base = checked[key]
     return TaskSpec(
         title=inputs.title(title),
@@ -323,9 +358,10 @@ def _spec(
         priority=priority,
         labels=tuple(dict.fromkeys(inputs.label(x) for x in texts("labels"))),
         after=tuple(dict.fromkeys(task_ref(x) for x in texts("after"))),
-        parent=task_ref(parent) if parent else None,
+        parent=parent_ref,
         ref=inputs.name("ref", ref) if ref else None,
         isolation=isolation,
         base=base,
         merge=merge,
+        parent_waits=waits,
     )

@@ -11,8 +11,8 @@ import sys
 import click
 
 from fleet.cli.app import TASK, App, cli, pass_app
-from fleet.errors import InputError
-from fleet.model import MAX_PRIORITY, MIN_PRIORITY, Task, TaskEdit
+from fleet.errors import Conflict, InputError
+from fleet.model import MAX_PRIORITY, MIN_PRIORITY, Status, Task, TaskEdit
 
 
 def _done(task: Task, as_json: bool) -> None:
@@ -100,7 +100,11 @@ def close(app: App, task_id: str, reason: str | None, as_json: bool) -> None:
     """Mark a task done (agents run this when they finish: `fleet close $FLEET_TASK_ID`)."""
     from fleet import inputs
 
-    _done(app.store.close_task(task_id, inputs.reason(reason) if reason else None), as_json)
+    try:
+        task = app.store.close_task(task_id, inputs.reason(reason) if reason else None)
+    except Conflict as e:
+        raise _pointed(app, task_id, "close", e) from None
+    _done(task, as_json)
 
 
 @cli.command()
@@ -126,7 +130,10 @@ def retry(app: App, task_id: str, as_json: bool) -> None:
     """Put a blocked, done or cancelled task back to ready, with its counters reset."""
     from fleet.claim import dispatch_or_wake
 
-    task = app.store.retry(task_id)
+    try:
+        task = app.store.retry(task_id)
+    except Conflict as e:
+        raise _pointed(app, task_id, "retry", e) from None
     dispatch_or_wake(app.paths, app.store)
     _done(task, as_json)
 
@@ -146,3 +153,17 @@ def cancel(app: App, task_id: str, reason: str | None, as_json: bool) -> None:
         systemd.stop(systemd.scope_for(app.paths), [task.id])
         task = app.store.get(task.id)
     _done(task, as_json)
+
+
+def _pointed(app: App, task_id: str, verb: str, refused: Conflict) -> Conflict:
+    """The store's refusal (its rule, its message), with a hint at what to run instead: a
+    suspended task is resumed, a handed-off one's work goes on in its last successor."""
+    task = app.store.get(task_id)
+    if task.status == Status.SUSPENDED and verb == "retry":
+        return Conflict(refused.message, hint=f"fleet resume {task_id}")
+    if task.status == Status.HANDED_OFF:
+        heir = app.store.heir(task_id)
+        return Conflict(
+            f"{refused.message}; its work goes on in {heir}", hint=f"fleet {verb} {heir}"
+        )
+    return refused

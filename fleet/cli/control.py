@@ -67,7 +67,8 @@ def resume(app: App, task_id: str | None, checkpoint: int | None) -> None:
     sys.stdout.write(task_id + "\n")
 
 
-# Suspended, like blocked, waits for a person; a handed-off task's work goes on elsewhere.
+# Suspended, like blocked, waits for a person. A handed-off task is followed to its successor
+# (`fleet wait`); one without a successor (none should be) counts as settled, never waited on.
 SETTLED = (Status.DONE, Status.BLOCKED, Status.CANCELLED, Status.SUSPENDED, Status.HANDED_OFF)
 
 
@@ -98,7 +99,8 @@ def _announce(app: App, tasks: list[Task]) -> None:
 @click.option("-t", "--timeout", type=click.FloatRange(min=0), help="Give up after SECONDS.")
 @pass_app
 def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
-    """Wait until each task is done, cancelled, blocked, suspended or handed off.
+    """Wait until each task is done, cancelled, blocked or suspended; for a task handed off,
+    its last successor, which carries its work on (said on standard error).
 
     Exits 0 if all are done, 1 if any was not (cancelled, blocked, ...), 124 on timeout. It
     sleeps on inotify events of the store, so it costs nothing while it waits. When they have
@@ -113,8 +115,15 @@ def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
     # The store touches fleet.lock after every commit (see fleet.store.sqlite).
     inotify.add_watch(app.paths.lock, iflags.ATTRIB)
     try:
+        followed: dict[str, str] = {}  # a given id -> the successor it was handed off to
         while True:
-            tasks = [app.store.get(t) for t in task_ids]
+            # A handoff while we wait moves the work on too: follow it each time.
+            for given in task_ids:
+                heir = app.store.heir(followed.get(given, given))
+                if heir != followed.get(given, given):
+                    followed[given] = heir
+                    sys.stderr.write(f"{given} was handed off: waiting for {heir}\n")
+            tasks = [app.store.get(followed.get(t, t)) for t in task_ids]
             settled = [t for t in tasks if _settled(t)]
             if tty:
                 done = sum(t.status == Status.DONE for t in settled)

@@ -38,7 +38,9 @@ def handoff(
     here, a successor task is added (same title, description and directory; a worktree
     task's successor starts from its branch) whose prompt carries the context and the latest
     checkpoint summary, and the original ends as handed-off (a running attempt is stopped).
-    Tasks that waited for the original wait for the successor. Prints the successor's id;
+    Tasks that waited for the original wait for the successor (so do tasks added later with
+    --after ID), which is claimed only once the original's attempt has ended. Prints the
+    successor's id;
     a refused handoff changes nothing and exits non-zero.
     """
     from fleet import inputs, lineage, wake
@@ -86,8 +88,9 @@ def merge_tasks(
     priority: int,
     as_json: bool,
 ) -> None:
-    """Add a task that consolidates the work of other tasks: its prompt lists their branches
-    (fleet/ID) and artifact directories, it runs once they are all done (for a task handed
+    """Add a task that consolidates the work of other tasks: its prompt says where each one's
+    work is (already merged into its base, or on its branch fleet/ID) and lists their artifact
+    directories, it runs once they are all done (for a task handed
     off, once its successor is), and it records where it came from (merged_from; see
     `fleet tree`). It works in a git worktree of its own if any of them did. Prints its id.
     """

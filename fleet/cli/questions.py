@@ -155,17 +155,6 @@ def _target(app: App, ref: str) -> Question:
     return pending[0]
 
 
-def _answerer() -> str:
-    import getpass
-    import socket
-
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname() or 'localhost'}"
-
-
 @cli.command("answer")
 @click.argument("ref", metavar="ID", type=QuestionRef())
 @click.argument("text", required=False)
@@ -199,16 +188,17 @@ def answer(
     exit status 4 and says who answered. The agent receives the answer at once.
     """
     from fleet import questions, taskdir
+    from fleet.audit import person
 
     if text == "-":
         text = sys.stdin.read()
     q = _target(app, ref)
     if q.status != "pending":
         raise questions.not_pending(q)
-    resolved = questions.resolve(q, Reply(by or _answerer(), text, choices, approved))
+    resolved = questions.resolve(q, Reply(by or person(), text, choices, approved))
     done = app.store.answer(
         q.id,
-        by or _answerer(),
+        by or person(),
         resolved.answer,
         resolved.choices,
         resolved.approved,

@@ -115,6 +115,11 @@ class Store(Protocol):
         """The task's audit trail, oldest first."""
         ...
 
+    def heir(self, task_id: str) -> str:
+        """The task that carries `task_id`'s work on: its last successor if it was handed
+        off, else itself."""
+        ...
+
     def note(self, task_id: str, action: str, **detail: Any) -> None:
         """An audit row for an action that changes nothing in the store (`started`)."""
         ...

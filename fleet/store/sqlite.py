@@ -75,6 +75,13 @@ MERGE_ACTION = {
 }
 
 
+# A handed-off task whose attempt has not ended yet: its agent may still be writing, and its
+# work reaches its branch only when its runner stops, so its successor may not start before.
+STOPPING = (
+    "EXISTS (SELECT 1 FROM tasks p WHERE p.id = {t}.predecessor AND p.claimed_by IS NOT NULL)"
+)
+
+
 def _task_json_sql(t: str = "t") -> str:
     exprs = {
         "labels": f"json({t}.labels)",
@@ -85,10 +92,14 @@ def _task_json_sql(t: str = "t") -> str:
             f" (SELECT json_group_array(d.after) FROM deps d WHERE d.task = {t}.id)"
             " ELSE json_array() END"
         ),
+        # A successor also waits for its predecessor's attempt to end (see READY_WHERE).
         "waiting_on": (
-            f"CASE WHEN EXISTS (SELECT 1 FROM deps d WHERE d.task = {t}.id) THEN"
-            " (SELECT json_group_array(d.after) FROM deps d JOIN tasks u ON u.id = d.after"
-            f" WHERE d.task = {t}.id AND u.status != 'done') ELSE json_array() END"
+            f"CASE WHEN EXISTS (SELECT 1 FROM deps d WHERE d.task = {t}.id) OR"
+            f" ({t}.predecessor IS NOT NULL AND {STOPPING.format(t=t)}) THEN"
+            " (SELECT json_group_array(w) FROM (SELECT d.after AS w FROM deps d JOIN tasks u"
+            f" ON u.id = d.after WHERE d.task = {t}.id AND u.status != 'done'"
+            f" UNION ALL SELECT p.id FROM tasks p WHERE p.id = {t}.predecessor"
+            " AND p.claimed_by IS NOT NULL)) ELSE json_array() END"
         ),
     }
     parts = (f"'{f.name}', {exprs.get(f.name, f'{t}.{f.name}')}" for f in TASK_FIELDS)
@@ -121,7 +132,7 @@ CHECKPOINT_JSON = (
 )
 READY_WHERE = (
     "t.status = 'ready' AND NOT EXISTS (SELECT 1 FROM deps d JOIN tasks u ON u.id = d.after"
-    " WHERE d.task = t.id AND u.status != 'done')"
+    " WHERE d.task = t.id AND u.status != 'done') AND NOT " + STOPPING.format(t="t")
 )
 ATTEMPT_COLUMNS = ", ".join(f.name for f in ATTEMPT_FIELDS)
 AUDIT_COLUMNS = ", ".join(f.name for f in AUDIT_FIELDS)
@@ -282,6 +293,10 @@ class SQLiteStore:
             ).fetchall()
         return [AuditEntry(n, t, at, act, by, json.loads(d)) for n, t, at, act, by, d in rows]
 
+    def heir(self, task_id: str) -> str:
+        with self._read() as db:
+            return self._heir(db, task_id)
+
     def children(self, task_id: str) -> list[Task]:
         with self._read() as db:
             rows = db.execute(
@@ -406,7 +421,7 @@ class SQLiteStore:
                     )
                 db.executemany(
                     "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
-                    [(new_ids[i], real(dep)) for dep in spec.after],
+                    [(new_ids[i], self._heir(db, real(dep))) for dep in spec.after],
                 )
                 if spec.merged_from:
                     db.execute(
@@ -479,6 +494,23 @@ class SQLiteStore:
                 visit(node)
 
     @staticmethod
+    def _heir(db: sqlite3.Connection, task_id: str) -> str:
+        """The task that carries `task_id`'s work on: its last successor if it was handed
+        off (a dependency counts only once its task is done, which a handed-off one never
+        is; `handoff` moves the dependencies that exist then the same way), else itself."""
+        seen = {task_id}
+        while True:
+            row = db.execute(
+                "SELECT s.id FROM tasks t JOIN tasks s ON s.predecessor = t.id"
+                " WHERE t.id = ? AND t.status = 'handed-off'",
+                (task_id,),
+            ).fetchone()
+            if row is None or row[0] in seen:
+                return task_id
+            task_id = row[0]
+            seen.add(task_id)
+
+    @staticmethod
     def _exists(db: sqlite3.Connection, task_id: str) -> bool:
         return db.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is not None
 
@@ -543,15 +575,18 @@ class SQLiteStore:
             if change.parent is not None:
                 self._check_parent(db, task_id, change.parent)
                 sets["parent"] = change.parent
-            for dep in change.add_after:
+            # A handed-off task's work goes on in its successor: depend on that (or no longer).
+            add_after = [self._heir(db, d) for d in change.add_after]
+            for dep in add_after:
                 self._check_dependency(db, task_id, dep)
             db.executemany(
                 "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
-                [(task_id, d) for d in change.add_after],
+                [(task_id, d) for d in add_after],
             )
             db.executemany(
                 "DELETE FROM deps WHERE task = ? AND after = ?",
-                [(task_id, d) for d in change.remove_after],
+                [(task_id, d) for d in change.remove_after]
+                + [(task_id, self._heir(db, d)) for d in change.remove_after],
             )
             changed = sorted(sets)
             if change.add_after or change.remove_after:
@@ -726,8 +761,15 @@ class SQLiteStore:
                 )
             new_id = self._insert(db, successor, now)
             db.execute(
-                "UPDATE tasks SET predecessor = ?, handoff = ?, parent = ? WHERE id = ?",
-                (task_id, context, successor.parent, new_id),
+                "UPDATE tasks SET predecessor = ?, handoff = ?, parent = ?, merged_from = ?"
+                " WHERE id = ?",
+                (
+                    task_id,
+                    context,
+                    successor.parent,
+                    json.dumps(list(successor.merged_from)),
+                    new_id,
+                ),
             )
             db.executemany(
                 "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
