@@ -20,7 +20,17 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from fleet import checkpoints, coders, ids, lineage, outcome, questions, taskdir, worktree
+from fleet import (
+    checkpoints,
+    coders,
+    ids,
+    lineage,
+    outcome,
+    questions,
+    repolock,
+    taskdir,
+    worktree,
+)
 from fleet.coders.base import Coder, Event, Kind, RunSpec, Tally, Verdict
 from fleet.config import Config, load
 from fleet.errors import Conflict, FleetError, InputError
@@ -491,7 +501,10 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         )
         try:
             start = lineage.start_branch(store, task)
-            place = worktree.ensure(task.id, task.cwd, task.base or "", paths.worktrees, start)
+            # Under the repository's lock: a sweep or a merge-back that decided on this
+            # worktree before the task was retried finishes first, and is then seen to have.
+            with repolock.hold(paths, repolock.common_dir(task.cwd)):
+                place = worktree.ensure(task.id, task.cwd, task.base or "", paths.worktrees, start)
             task = store.set_worktree(task.id, me, place.branch, str(place.worktree))
         except FleetError as e:
             notifier.ready("not started")

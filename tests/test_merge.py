@@ -5,6 +5,7 @@ by hand (fleet-run in the foreground merges as fleet-reap would) and under syste
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import subprocess
@@ -19,9 +20,9 @@ from fleet.paths import resolve
 from fleet.store import open_store
 from fleet.store.schema import MIGRATIONS
 from tests import sandbox
-from tests.conftest import Fleet
+from tests.conftest import Fleet, run_in_background
 from tests.conftest import fleet_run as run
-from tests.sandbox import Sandbox
+from tests.sandbox import Sandbox, wait_for
 from tests.test_systemd import Fleet as UnitFleet
 from tests.test_worktree import git, make_repo, subjects, worktree_of
 
@@ -764,3 +765,24 @@ def test_a_merge_task_is_told_where_each_source_is(fleet: Fleet, repo: Path, go:
     commit = str(one["merged_commit"])[:12]
     assert f"{one['id']} 't' (done): its work is already in main (at {commit})" in note
     assert f"{two} 't' (ready): its work is on branch fleet/{two}" in note
+
+
+def test_a_worktree_is_prepared_under_the_repositorys_lock(
+    fleet: Fleet, repo: Path, home: Path, tmp_path: Path
+) -> None:
+    # A sweep (or a merge-back) holds the lock while it decides on a worktree and removes it:
+    # a task retried meanwhile must not start in that worktree before it is done.
+    tid = fleet.add("t", "--coder", "command", "-d", "echo x > x.txt", "--isolation", "worktree")
+    with contextlib.ExitStack() as lock:
+        lock.enter_context(repolock.hold(resolve(), repolock.common_dir(repo)))
+        with run_in_background(tid, repo, tmp_path / "out") as runner:
+
+            def waits_for_the_lock() -> bool:
+                locks = Path("/proc/locks").read_text().splitlines()
+                return any("->" in x and f" {runner.pid} " in x for x in locks)
+
+            wait_for(waits_for_the_lock, what="fleet-run waiting for the repository's lock")
+            assert not worktree_of(home, tid).exists()
+            lock.close()
+            assert runner.wait(timeout=60) == 0
+    assert fleet.show(tid)["merge_state"] == "merged"
