@@ -19,7 +19,7 @@ from fleet.config import load
 from fleet.paths import resolve
 from fleet.store import open_store
 from fleet.store.schema import MIGRATIONS
-from tests import sandbox
+from tests import sandbox, test_worktree
 from tests.conftest import Fleet, run_in_background
 from tests.conftest import fleet_run as run
 from tests.sandbox import Sandbox, wait_for
@@ -29,14 +29,9 @@ from tests.test_worktree import git, make_repo, subjects, worktree_of
 systemd = sandbox.systemd
 
 
-@pytest.fixture(autouse=True)
-def no_system_gitconfig(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-
-
-@pytest.fixture
-def repo(project: Path) -> Path:
-    return make_repo(project)
+# The same repository and git configuration as the worktree tests.
+no_system_gitconfig = test_worktree.no_system_gitconfig
+repo = test_worktree.repo
 
 
 @pytest.fixture

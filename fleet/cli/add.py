@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from fleet.cli.app import TASK, App, cli, pass_app
+from fleet.cli.app import TASK, App, cli, coder_options, pass_app
 from fleet.errors import FleetError, InputError
 from fleet.model import (
     DEFAULT_PRIORITY,
@@ -51,16 +51,7 @@ BATCH_KEYS = (
     help="Instructions for the agent: text, @FILE to read a file, - for standard input.",
 )
 @click.option("--cwd", metavar="DIR", help="Project directory the agent works in [default: .].")
-@click.option("--coder", metavar="NAME", help="Coder to run instead of default_coder.")
-@click.option("--model", metavar="NAME", help="Model to use instead of default_model.")
-@click.option(
-    "-p",
-    "--priority",
-    type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY),
-    default=DEFAULT_PRIORITY,
-    show_default=True,
-    help="0 is claimed first, 4 last.",
-)
+@coder_options
 @click.option(
     "--after",
     "after",

@@ -105,6 +105,26 @@ class TaskRef(click.ParamType[str]):
 TASK = TaskRef()
 
 
+def coder_options(func: F) -> F:
+    """--coder, --model and --priority, for every command that makes a task."""
+    from fleet.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+
+    func = click.option(
+        "-p",
+        "--priority",
+        type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY),
+        default=DEFAULT_PRIORITY,
+        show_default=True,
+        help="0 is claimed first, 4 last.",
+    )(func)
+    func = click.option("--model", metavar="NAME", help="Model to use instead of default_model.")(
+        func
+    )
+    return click.option("--coder", metavar="NAME", help="Coder to run instead of default_coder.")(
+        func
+    )
+
+
 # Which module defines each command: `fleet add` then imports add.py alone, not the whole
 # command line (tests/test_docs.py checks this table against what the modules register).
 MODULES = {

@@ -12,9 +12,9 @@ import sys
 
 import click
 
-from fleet.cli.app import TASK, App, cli, pass_app
+from fleet.cli.app import TASK, App, cli, coder_options, pass_app
 from fleet.errors import InputError
-from fleet.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, TaskSpec
+from fleet.model import TaskSpec
 from fleet.output import emit_object, emit_objects, emit_table, fmt_of, output_options, shorten
 
 
@@ -65,16 +65,7 @@ def handoff(
     "-d", "--description", metavar="TEXT|@FILE|-", help="More instructions for its agent."
 )
 @click.option("--cwd", metavar="DIR", help="Where it works [default: the tasks' directory].")
-@click.option("--coder", metavar="NAME", help="Coder to run instead of default_coder.")
-@click.option("--model", metavar="NAME", help="Model to use instead of default_model.")
-@click.option(
-    "-p",
-    "--priority",
-    type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY),
-    default=DEFAULT_PRIORITY,
-    show_default=True,
-    help="0 is claimed first, 4 last.",
-)
+@coder_options
 @click.option("--json", "as_json", is_flag=True, help="Print the new task as JSON.")
 @pass_app
 def merge_tasks(
