@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -169,3 +170,16 @@ def asked_in_background(
     (question,) = json.loads(found)
     assert isinstance(question, dict)
     return question
+
+
+def store_at_version(home: Path, version: int) -> sqlite3.Connection:
+    """A new store in `home` as fleet's schema `version` left it, for migration tests."""
+    from fleet.store.schema import MIGRATIONS
+
+    home.mkdir(parents=True)
+    db = sqlite3.connect(home / "fleet.db")
+    for statements in MIGRATIONS[:version]:
+        for sql in statements:
+            db.execute(sql)
+    db.execute(f"PRAGMA user_version = {version}")
+    return db

@@ -23,8 +23,8 @@ from fleet.model import AttemptEnd, QuestionKind, Status
 from fleet.paths import resolve
 from fleet.reap import classify, policy
 from fleet.store import open_store
-from fleet.store.schema import MIGRATIONS, VERSION
-from tests.conftest import ROOT, Fleet, run_fleet
+from fleet.store.schema import VERSION
+from tests.conftest import ROOT, Fleet, run_fleet, store_at_version
 from tests.conftest import fleet_run as run
 from tests.test_worktree import git, make_repo
 
@@ -204,12 +204,7 @@ def test_a_suspended_attempt_counts_as_nothing(fleet: Fleet, project: Path) -> N
 
 
 def test_a_version_3_store_is_migrated(home: Path, project: Path) -> None:
-    home.mkdir(parents=True)
-    db = sqlite3.connect(home / "fleet.db")
-    for statements in MIGRATIONS[:3]:
-        for sql in statements:
-            db.execute(sql)
-    db.execute("PRAGMA user_version = 3")
+    db = store_at_version(home, 3)
     db.execute(
         "INSERT INTO tasks (id, title, cwd, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
         ("fl-000001", "old task", str(project), "2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z"),

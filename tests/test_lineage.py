@@ -22,9 +22,9 @@ from fleet.model import AttemptEnd, Status
 from fleet.paths import resolve
 from fleet.reap import Service, settle
 from fleet.store import Store, open_store
-from fleet.store.schema import MIGRATIONS, VERSION
+from fleet.store.schema import VERSION
 from tests import sandbox
-from tests.conftest import Fleet, run_fleet
+from tests.conftest import Fleet, run_fleet, store_at_version
 from tests.conftest import fleet_run as run
 from tests.sandbox import Sandbox
 from tests.test_questions import agent, running
@@ -254,12 +254,7 @@ def test_spawn_and_handoff_through_the_mcp_server(fleet: Fleet, home: Path) -> N
 
 
 def test_a_version_5_store_is_migrated(home: Path, project: Path) -> None:
-    home.mkdir(parents=True)
-    db = sqlite3.connect(home / "fleet.db")
-    for statements in MIGRATIONS[:5]:
-        for sql in statements:
-            db.execute(sql)
-    db.execute("PRAGMA user_version = 5")
+    db = store_at_version(home, 5)
     db.execute(
         "INSERT INTO tasks (id, title, cwd, created_at, updated_at, status) VALUES"
         " (?, ?, ?, ?, ?, 'suspended')",

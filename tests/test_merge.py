@@ -18,9 +18,8 @@ from fleet import merge, repolock, sweep
 from fleet.config import load
 from fleet.paths import resolve
 from fleet.store import open_store
-from fleet.store.schema import MIGRATIONS
 from tests import sandbox, test_worktree
-from tests.conftest import Fleet, run_in_background
+from tests.conftest import Fleet, run_in_background, store_at_version
 from tests.conftest import fleet_run as run
 from tests.sandbox import Sandbox, wait_for
 from tests.test_systemd import Fleet as UnitFleet
@@ -403,12 +402,7 @@ def test_the_sweep_removes_only_what_is_safe(
 
 
 def test_a_version_3_store_is_migrated(home: Path, project: Path) -> None:
-    home.mkdir(parents=True)
-    db = sqlite3.connect(home / "fleet.db")
-    for statements in MIGRATIONS[:3]:
-        for sql in statements:
-            db.execute(sql)
-    db.execute("PRAGMA user_version = 3")
+    db = store_at_version(home, 3)
     now = "2026-01-01T00:00:00Z"
     for n, tid in enumerate(("fl-000001", "fl-000002"), 1):
         db.execute(

@@ -26,9 +26,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from fleet.model import AttemptEnd, Status
 from fleet.paths import resolve
 from fleet.store import open_store
-from fleet.store.schema import MIGRATIONS, VERSION
+from fleet.store.schema import VERSION
 from tests import sandbox
-from tests.conftest import Fleet, fleet_exe, run_fleet
+from tests.conftest import Fleet, fleet_exe, run_fleet, store_at_version
 from tests.sandbox import Sandbox
 from tests.test_systemd import Fleet as UnitFleet
 
@@ -385,11 +385,7 @@ def test_answer_names_its_question_clearly(fleet: Fleet) -> None:
 
 
 def test_a_version_1_store_is_migrated_with_its_tasks(home: Path, project: Path) -> None:
-    home.mkdir(parents=True)
-    db = sqlite3.connect(home / "fleet.db")
-    for sql in MIGRATIONS[0]:
-        db.execute(sql)
-    db.execute("PRAGMA user_version = 1")
+    db = store_at_version(home, 1)
     db.execute(
         "INSERT INTO tasks (id, title, cwd, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
         ("fl-000001", "old task", str(project), "2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z"),

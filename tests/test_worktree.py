@@ -8,16 +8,14 @@ import json
 import re
 import shutil
 import socket
-import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fleet.store.schema import MIGRATIONS
 from tests import sandbox
-from tests.conftest import Fleet, run_fleet
+from tests.conftest import Fleet, run_fleet, store_at_version
 from tests.conftest import fleet_run as run
 from tests.sandbox import Sandbox
 from tests.test_systemd import Fleet as UnitFleet
@@ -126,12 +124,7 @@ def test_the_configured_default_applies_and_is_fixed_at_add(fleet: Fleet, repo: 
 
 
 def test_a_version_2_store_is_migrated(home: Path, project: Path) -> None:
-    home.mkdir(parents=True)
-    db = sqlite3.connect(home / "fleet.db")
-    for statements in MIGRATIONS[:2]:
-        for sql in statements:
-            db.execute(sql)
-    db.execute("PRAGMA user_version = 2")
+    db = store_at_version(home, 2)
     db.execute(
         "INSERT INTO tasks (id, title, cwd, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
         ("fl-000001", "old task", str(project), "2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z"),
