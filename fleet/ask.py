@@ -29,6 +29,7 @@ from pydantic import Field
 from fleet import questions, taskdir
 from fleet.errors import FleetError, InputError
 from fleet.events import MSG_ANSWER, MSG_QUESTION
+from fleet.fsutil import touch
 from fleet.journal import Journal, Value
 from fleet.model import Question, QuestionStatus, Status
 from fleet.paths import Paths, ensure_dir, resolve
@@ -368,7 +369,7 @@ class Asker:
         # This attempt is over: its runner stops the agent, and fleet-reap finds the task
         # handed off, which counts as nothing. The successor is claimed only once this
         # attempt has ended (and its work is on the branch); the poke is for other work.
-        (self.directory / taskdir.KILL).touch()
+        touch(self.directory / taskdir.KILL)
         wake.poke(self.paths)
         return f"Handed off to {successor.id} ({coder}). Stop working now: this attempt ends."
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fleet.errors import Conflict, InputError
+from fleet.fsutil import touch
 from fleet.model import Question, QuestionKind, QuestionStatus, Reply
 
 MAX_TEXT = 8000  # characters of a question or an answer; a longer one is refused, not cut
@@ -26,8 +27,8 @@ def ring(task_dir: Path) -> None:
     """Announce a change of the task's questions: open the sentinel for writing and close it,
     which inotify reports as IN_CLOSE_WRITE (and IN_CREATE the first time)."""
     # No directory means nobody waits there.
-    with contextlib.suppress(OSError), open(task_dir / SENTINEL, "ab"):
-        pass
+    with contextlib.suppress(OSError):
+        touch(task_dir / SENTINEL)
 
 
 def not_pending(q: Question) -> Conflict:

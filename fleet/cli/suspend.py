@@ -136,6 +136,7 @@ def _stop(app: App, task_id: str, block: bool) -> None:
     if alive in systemd.ALIVE:
         systemd.stop(scope, [task_id], block=block)
         return
-    directory = taskdir.task_dir(app.paths, task_id)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (directory / taskdir.KILL).touch()
+    from fleet.fsutil import touch
+    from fleet.paths import ensure_dir
+
+    touch(ensure_dir(taskdir.task_dir(app.paths, task_id)) / taskdir.KILL)
