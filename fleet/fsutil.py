@@ -9,8 +9,10 @@ planted in their place is not followed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 _serial = itertools.count()
@@ -72,3 +74,19 @@ def nearly_full(directory: str) -> bool:
     except OSError:
         return False
     return st.f_bavail * st.f_frsize < 1 << 20 or (st.f_files > 0 and st.f_favail == 0)
+
+
+@contextlib.contextmanager
+def locked(path: Path, wait: bool = True) -> Iterator[bool]:
+    """Hold an exclusive flock on `path` (created 0600); yields False, without the lock, if
+    `wait` is false and another process holds it. The kernel drops it when its holder dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

@@ -110,8 +110,10 @@ def label(text: str) -> str:
 
 def name(field: str, text: str) -> str:
     """A coder or model name: non-empty, no white space or control characters."""
+    from fleet.settings import is_name
+
     text = utf8(field, text)
-    if not _NAME.fullmatch(text):
+    if not is_name(text):
         raise InputError(f"bad {field} name {text!r}: no spaces or control characters")
     return text
 
