@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
-from pathlib import Path
 
 from fleet.errors import InputError
 
@@ -88,16 +88,34 @@ def free_text(field: str, value: str) -> str:
 
 
 def cwd(text: str | None) -> str:
-    """An existing directory, as an absolute path with symlinks and `..` resolved."""
-    raw = os.getcwd() if text is None else utf8("--cwd", text)
-    if not raw or "\x00" in raw or "\n" in raw:
-        raise InputError("--cwd must name a directory")
-    path = Path(os.path.expanduser(raw))
-    resolved = os.path.realpath(path)
-    if not os.path.exists(resolved):
-        raise InputError(f"no such directory: {raw}", hint="--cwd takes an existing directory")
-    if not os.path.isdir(resolved):
+    """An existing directory that this user can enter and read (the agent runs there as
+    them: one it cannot would fail every attempt), as an absolute path with symlinks and
+    `..` resolved."""
+    try:
+        raw = os.getcwd() if text is None else utf8("--cwd", text)
+        if not raw or "\x00" in raw or "\n" in raw:
+            raise InputError("--cwd must name a directory")
+        resolved = os.path.realpath(os.path.expanduser(raw))
+    except FileNotFoundError:  # getcwd(), also inside realpath() of a relative path
+        raise InputError(
+            "the current directory no longer exists",
+            hint="cd to an existing directory, or give --cwd an absolute path",
+        ) from None
+    try:
+        found = os.stat(resolved)
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError(
+            f"no such directory: {raw}", hint="--cwd takes an existing directory"
+        ) from None
+    except PermissionError:
+        found = None
+    if found is not None and not stat.S_ISDIR(found.st_mode):
         raise InputError(f"not a directory: {raw}")
+    if found is None or not os.access(resolved, os.R_OK | os.X_OK):
+        raise InputError(
+            f"you cannot enter and read the directory {raw}",
+            hint="the agent runs there as you: give a directory you can `cd` into and list",
+        )
     return resolved
 
 

@@ -104,6 +104,51 @@ class TaskRef(click.ParamType[str]):
 
 TASK = TaskRef()
 
+# The store's integers are 64-bit (SQLite's): a larger count cannot be compared with them.
+MAX_COUNT = 2**63 - 1
+
+
+class Count(click.IntRange):
+    """A whole number from a minimum, and no larger than the store can take (documented as
+    "at least N": the ceiling is a machine limit, not a choice)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        n = super().convert(value, param, ctx)
+        if n > MAX_COUNT:
+            self.fail(f"{n} is too large (at most {MAX_COUNT})", param, ctx)
+        return n
+
+
+def count(minimum: int = 1) -> Count:
+    return Count(min=minimum)
+
+
+class Seconds(click.ParamType[float]):
+    """A number of seconds to wait: finite, not negative (nan and inf are floats too; leave
+    the option out to wait without end)."""
+
+    name = "SECONDS"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        import math
+
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds < 0:
+            self.fail(
+                f"{value!r} is not a number of seconds from 0 (leave it out to wait forever)",
+                param,
+                ctx,
+            )
+        return seconds
+
+
+SECONDS = Seconds()
+
 
 def coder_options(func: F) -> F:
     """--coder, --model and --priority, for every command that makes a task."""

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleet.cli.app import App, cli, pass_app
+from fleet.cli.app import SECONDS, App, cli, pass_app
 from fleet.errors import Conflict, InputError, TimedOut
 from fleet.model import Question, Reply
 from fleet.output import emit_object, emit_objects, emit_table, fmt_of, output_options, shorten
+from fleet.timeutil import poll_ms
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
@@ -90,9 +91,7 @@ def _table(qs: Sequence[Question], everything: bool) -> None:
     is_flag=True,
     help="Block until at least one question is pending, then list the pending ones.",
 )
-@click.option(
-    "-t", "--timeout", type=click.FloatRange(min=0), help="With --wait: give up after SECONDS."
-)
+@click.option("-t", "--timeout", type=SECONDS, help="With --wait: give up after SECONDS.")
 @output_options
 @pass_app
 def questions_cmd(
@@ -131,7 +130,7 @@ def _wait_for_one(app: App, task_id: str | None, timeout: float | None) -> None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimedOut("no question was asked in time")
-            inotify.read(timeout=None if left is None else int(left * 1000) + 1)
+            inotify.read(timeout=poll_ms(left))
     finally:
         inotify.close()
 
@@ -187,11 +186,15 @@ def answer(
     --deny (`-` reads it from standard input). The first answer wins: a later one fails with
     exit status 4 and says who answered. The agent receives the answer at once.
     """
-    from fleet import questions, taskdir
+    from fleet import inputs, questions, taskdir
     from fleet.audit import person
 
-    if text == "-":
-        text = sys.stdin.read()
+    if text == "-":  # bounded: an answer longer than MAX_TEXT is refused anyway
+        text = inputs.decode("standard input", sys.stdin.buffer.read(4 * questions.MAX_TEXT + 1))
+    elif text is not None:
+        text = inputs.utf8("the answer", text)
+    by = inputs.utf8("--by", by) if by is not None else None
+    choices = tuple(inputs.utf8("--choice", c) for c in choices)
     q = _target(app, ref)
     if q.status != "pending":
         raise questions.not_pending(q)

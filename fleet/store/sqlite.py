@@ -564,20 +564,24 @@ class SQLiteStore:
                         raise BadSpec(i, f"no task in this batch has ref {dep[4:]!r}")
                     if dep in spec.after:
                         edges.setdefault(i, []).append(index[dep[4:]])
+        # Depth first, with a stack of its own: a chain of thousands of refs is a fine batch.
         state: dict[int, int] = {}  # 1: on the current path, 2: finished
-
-        def visit(node: int) -> None:
-            state[node] = 1
-            for nxt in edges.get(node, ()):
-                if state.get(nxt) == 1:
+        for start in list(edges):
+            if start in state:
+                continue
+            state[start] = 1
+            path = [(start, iter(edges.get(start, ())))]
+            while path:
+                node, nexts = path[-1]
+                nxt = next(nexts, None)
+                if nxt is None:
+                    state[node] = 2
+                    path.pop()
+                elif state.get(nxt) == 1:
                     raise BadSpec(node, "dependency cycle within the batch")
-                if nxt not in state:
-                    visit(nxt)
-            state[node] = 2
-
-        for node in list(edges):
-            if node not in state:
-                visit(node)
+                elif nxt not in state:
+                    state[nxt] = 1
+                    path.append((nxt, iter(edges.get(nxt, ()))))
 
     @staticmethod
     def _heir(db: sqlite3.Connection, task_id: str) -> str:
