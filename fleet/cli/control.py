@@ -97,7 +97,9 @@ def _announce(app: App, tasks: list[Task]) -> None:
 
 @cli.command("wait")
 @click.argument("task_ids", metavar="ID...", nargs=-1, required=True, type=TASK)
-@click.option("-t", "--timeout", type=SECONDS, help="Give up after SECONDS.")
+@click.option(
+    "-t", "--timeout", type=SECONDS, help="Give up after SECONDS (0 or more; none: wait forever)."
+)
 @pass_app
 def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
     """Wait until each task is done, cancelled, blocked or suspended; for a task handed off,
