@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fleet.errors import Conflict, InputError
-from fleet.fsutil import touch
 from fleet.model import Question, QuestionKind, QuestionStatus, Reply
 
 MAX_TEXT = 8000  # characters of a question or an answer; a longer one is refused, not cut
@@ -27,6 +26,8 @@ def ring(task_dir: Path) -> None:
     """Announce a change of the task's questions: open the sentinel for writing and close it,
     which inotify reports as IN_CLOSE_WRITE (and IN_CREATE the first time)."""
     # No directory means nobody waits there.
+    from fleet.fsutil import touch  # here: every listing imports this module, few ring
+
     with contextlib.suppress(OSError):
         touch(task_dir / SENTINEL)
 
