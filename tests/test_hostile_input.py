@@ -244,6 +244,16 @@ def link_kept(scene: Scene, result: Result) -> None:
     assert "max_concurrent = 9" in (scene.tmp / "dotfiles" / "fleet.toml").read_text()
 
 
+def inline_coder_table(scene: Scene) -> None:
+    scene.home.mkdir(mode=0o700)
+    (scene.home / "config.toml").write_text('[coders]\nclaude = {args = ["-x"]}\n')
+
+
+def both_keys_set(scene: Scene, result: Result) -> None:
+    assert scene.ok("config", "get", "coders.claude.binary") == "/bin/true\n"
+    assert scene.ok("config", "get", "coders.claude.args") == '["-x"]\n'
+
+
 def edited_cache(scene: Scene) -> None:
     a_config(scene)
     scene.ok("config", "show")  # writes the cache for this text
@@ -453,6 +463,14 @@ CASES = [
         "unknown coder 'nosuch'",
         setup=a_config,
         then=config_unchanged,
+    ),
+    Case(
+        "config-set-into-an-inline-coder-table",
+        12,
+        ("fleet", "config", "set", "coders.claude.binary=/bin/true"),
+        0,
+        setup=inline_coder_table,
+        then=both_keys_set,
     ),
     Case(
         "hand-edited-config-cache-is-checked",
