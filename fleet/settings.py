@@ -287,7 +287,8 @@ SETTINGS: tuple[Setting, ...] = (
         "str",
         "",
         "Shell command run for every notification (a question, a blocked or failed task, a"
-        " finished `fleet wait`, an agent's notice), with the event as FLEET_NOTIFY_* variables and JSON on stdin.",
+        " finished `fleet wait`, an agent's notice), with the event as FLEET_NOTIFY_* variables"
+        " and JSON on stdin.",
     ),
     Setting(
         "notify_webhook",
