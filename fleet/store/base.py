@@ -372,10 +372,17 @@ class Store(Protocol):
     def spool(self, specs: Sequence[OutgoingSpec]) -> list[Outgoing]: ...
 
     def take_spooled(
-        self, channel: str, owner: str, seconds: float, limit: int, ids: Sequence[int] = ()
+        self,
+        channel: str,
+        owner: str,
+        seconds: float,
+        limit: int,
+        ids: Sequence[int] = (),
+        before: int | None = None,
     ) -> list[Outgoing]:
-        """Claim for `seconds` the unsent messages that are due (only `ids`, if given, due or
-        not), oldest first; a claim of another owner still in force is left alone."""
+        """Claim for `seconds` the unsent messages that are due, or spooled before message
+        `before` even if not due yet (only `ids`, if given, due or not), oldest first; a claim
+        of another owner still in force is left alone."""
         ...
 
     def spool_sent(self, msg_id: int, owner: str, ref: str) -> None:

@@ -1463,13 +1463,24 @@ class SQLiteStore:
         ]
 
     def take_spooled(
-        self, channel: str, owner: str, seconds: float, limit: int, ids: Sequence[int] = ()
+        self,
+        channel: str,
+        owner: str,
+        seconds: float,
+        limit: int,
+        ids: Sequence[int] = (),
+        before: int | None = None,
     ) -> list[Outgoing]:
         now = now_iso()
         free = "ref IS NULL AND (claimed_until IS NULL OR claimed_until < ? OR claimed_by = ?)"
-        picked = f"id IN ({', '.join('?' * len(ids))})" if ids else "next_at <= ?"
+        args: list[Any] = [channel, now, owner]
+        if ids:
+            picked = f"id IN ({', '.join('?' * len(ids))})"
+            args += ids
+        else:
+            picked = "(next_at <= ? OR id < ?)"
+            args += [now, before or 0]
         where = f"channel = ? AND {free} AND {picked}"
-        args: list[Any] = [channel, now, owner, *ids] if ids else [channel, now, owner, now]
         with self._read() as db:
             # Most calls find nothing: a read, which (unlike a write) wakes no watcher.
             if db.execute(f"SELECT 1 FROM outbox WHERE {where} LIMIT 1", args).fetchone() is None:

@@ -76,14 +76,15 @@ def send_due(
     log: Log,
     first: Sequence[int] = (),
 ) -> int:
-    """Send the messages `first`, then whatever else is due, until `deadline`
+    """Send the messages `first`, then whatever else is due and whatever was spooled before
+    them (a new notification is the occasion to try those again), until `deadline`
     (time.monotonic()); returns how many were sent. Failures are logged one line each."""
     sent = 0
     claim = max(deadline - time.monotonic(), 1.0) + 30
     batches = [list(first), []] if first else [[]]
     for ids in batches:
         while time.monotonic() < deadline:
-            items = store.take_spooled(CHANNEL, owner, claim, BATCH, ids)
+            items = store.take_spooled(CHANNEL, owner, claim, BATCH, ids, min(first, default=0))
             for item in items:
                 if time.monotonic() >= deadline:
                     store.spool_failed(item.id, owner, "gave up: out of time", time.time())
@@ -92,9 +93,10 @@ def send_due(
                     answer = bot.send("sendMessage", params(item), retries, deadline)
                 except ApiError as e:
                     store.spool_failed(item.id, owner, e.message, later(item.tries))
+                    n = item.tries + 1
                     log(
                         f"chat {item.target}: {e.message}; the {item.event} message stays"
-                        f" spooled ({item.tries + 1} {'try' if item.tries == 0 else 'tries'})"
+                        f" spooled for the next delivery (tried by {n} so far)"
                     )
                     continue
                 store.spool_sent(item.id, owner, str(answer.get("message_id")))

@@ -191,7 +191,8 @@ class Poller:
             say("polling again")
             self.said = ""
         if isinstance(updates, list) and updates:
-            self.handle(bot, config, updates)
+            # Read again: the poll may have waited long enough for the file to change.
+            self.handle(bot, self.config(), updates)
 
     def handle(self, bot: Bot, config: Config, updates: list[Any]) -> None:
         from fleet.telegram.commands import Handler
