@@ -154,7 +154,8 @@ class Poller:
                     raise
                 except FleetError as e:
                     self.warn(e.message + (f" ({e.hint})" if e.hint else ""))
-                    self.systemd.status(f"waiting: {e.message}")
+                    # Started all the same: it waits for the configuration, or for Telegram.
+                    self.systemd.ready(f"waiting: {e.message}")
                     self._sleep(pause)
                     pause = min(pause * 2, PAUSE_MAX)
         except _Stop:
