@@ -77,7 +77,7 @@ class Notifiers(NamedTuple):
             tuple(u.strip() for u in config.values["notify_urls"] if u.strip()),
             tuple(config.values["telegram_chats"]) if telegram else (),
             config.get_str("telegram_api_url") if telegram else "",
-            config.get_str("telegram_token_file").strip() if telegram else "",
+            os.path.expanduser(config.get_str("telegram_token_file").strip()) if telegram else "",
             config.get_bool("telegram_credential") if telegram else False,
         )
 

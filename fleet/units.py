@@ -146,7 +146,8 @@ def _telegram(inst: Install, config: Config, user: list[str], target: str) -> li
     network = ["After=network-online.target", "Wants=network-online.target"] if system else []
     credential = []
     if system and config.get_bool("telegram_credential"):
-        credential = [f"LoadCredential={CREDENTIAL}:{config.get_str('telegram_token_file')}"]
+        path = os.path.expanduser(config.get_str("telegram_token_file").strip())
+        credential = [f"LoadCredential={CREDENTIAL}:{path}"]
     return [
         "[Unit]",
         "Description=fleet Telegram bot (answers, commands, notifications)",
@@ -233,5 +234,6 @@ def reference() -> dict[str, str]:
     from fleet.config import defaults
 
     paths = Paths("system", Path("/var/lib/fleet"), Path("/etc/fleet/config.toml"))
-    units = render(Install("system", paths, Path("/usr/bin")), defaults(paths.config_file))
+    install = Install("system", paths, Path("/usr/bin"), telegram=True)
+    units = render(install, defaults(paths.config_file))
     return {**units, CATALOG_FILE: catalog()}

@@ -36,12 +36,26 @@ EXPECTED = (
     r"answer -> ask_human returns: median [\d.]+ ms \(target <= 200 ms",
     r"fleet answer process, start to exit: median [\d.]+ ms \(no target\)",
     r"answer runs: 3 answers to one fleet-ask, one question at a time",
+    r"question asked -> Telegram message sent: median [\d.]+ ms \(target <= 500 ms",
+    r"button press -> ask_human returns: median [\d.]+ ms \(target <= 500 ms",
+    r"telegram runs: 3 questions to one fleet-ask, each answered by a press",
 )
 
 
 def test_quick_benchmarks_print_every_figure() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.bench", "--quick", "startup", "ls", "add", "claim", "answer"],
+        [
+            sys.executable,
+            "-m",
+            "tests.bench",
+            "--quick",
+            "startup",
+            "ls",
+            "add",
+            "claim",
+            "answer",
+            "telegram",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
