@@ -170,7 +170,7 @@ def fire(
 ) -> None:
     """Notify a person of `event`, if any notifier is configured; never blocks, never raises.
 
-    Costs three configuration look-ups and at most a PATH search when nothing is configured;
+    Costs a few configuration look-ups and at most a PATH search when nothing is configured;
     otherwise one small file and one short process (systemd-run under a unit, else the shell
     that detaches the delivery).
     """

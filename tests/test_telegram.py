@@ -693,3 +693,76 @@ def test_apprise_is_imported_by_the_delivery_only() -> None:
     probe = "import sys; import fleet.cli, fleet.alerts; print('apprise' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------------- the store's side
+
+
+def test_a_lease_has_one_holder_and_keeps_its_value(home: Path) -> None:
+    store = open_store(resolve())
+    try:
+        mine = store.take_lease("telegram:1", "host-a", 60)
+        assert (mine.owner, mine.value) == ("host-a", None)
+        assert store.set_lease_value("telegram:1", "host-a", "1001")
+        theirs = store.take_lease("telegram:1", "host-b", 60)
+        assert (theirs.owner, theirs.value) == ("host-a", "1001")  # refused: a's is in force
+        assert not store.set_lease_value("telegram:1", "host-b", "5")
+        store.take_lease("telegram:1", "host-a", -1)  # a's runs out
+        taken = store.take_lease("telegram:1", "host-b", 60)
+        assert (taken.owner, taken.value) == ("host-b", "1001")
+        store.drop_lease("telegram:1", "host-b")
+        assert store.take_lease("telegram:1", "host-c", 60).owner == "host-c"
+    finally:
+        store.close()
+
+
+def test_a_spooled_message_is_taken_by_one_deliverer_at_a_time(home: Path) -> None:
+    from fleet.store.base import OutgoingSpec
+
+    store = open_store(resolve())
+    try:
+        (first, second) = store.spool(
+            [OutgoingSpec("telegram", "1", "notice", {"parts": []}) for _ in range(2)]
+        )
+        assert [m.id for m in store.take_spooled("telegram", "a", 60, 10)] == [first.id, second.id]
+        assert store.take_spooled("telegram", "b", 60, 10) == []
+        store.spool_failed(first.id, "a", "HTTP 500", 4e9)  # due again far later
+        assert store.take_spooled("telegram", "b", 60, 10) == []
+        # A later delivery takes what was spooled before its own message, due or not.
+        (third,) = store.spool([OutgoingSpec("telegram", "1", "notice", {"parts": []})])
+        taken = store.take_spooled("telegram", "b", 60, 10, before=third.id)
+        assert [(m.id, m.tries, m.error) for m in taken] == [
+            (first.id, 1, "HTTP 500"),
+            (third.id, 0, None),
+        ]
+        store.spool_sent(first.id, "b", "77")
+        store.spool_sent(second.id, "a", "78")
+        store.spool_sent(third.id, "a", "79")  # not a's claim any more: stays spooled
+        assert store.spooled() == 1 and store.sent_message("telegram", "1", "77") is None
+    finally:
+        store.close()
+
+
+def test_a_question_settled_while_its_message_waited_is_sent_settled(
+    tg: Fleet, bot: TelegramServer
+) -> None:
+    task_id = running(tg)
+
+    async def scenario() -> None:
+        async with agent(task_id) as session:
+            bot.fail("sendMessage", *[(503, None)] * 3)
+            call = asyncio.ensure_future(ask(session, question="Which port?"))
+            await asyncio.to_thread(
+                bot.wait, lambda: len(bot.calls("sendMessage")) >= 3, DEADLINE, "three tries"
+            )
+            await asyncio.to_thread(wait_for, lambda: spooled() == 1, DEADLINE, "the spool")
+            done = await asyncio.to_thread(run_fleet, "answer", task_id, "8080")
+            assert done.code == 0, done.err
+            await asyncio.wait_for(call, DEADLINE)
+
+    asyncio.run(scenario())
+    config = load(resolve())
+    alerts.deliver(alerts.make_event("notice", "next"), alerts.Notifiers.from_config(config))
+    question = one_message(bot, CHAT, "Which port?")
+    assert question["reply_markup"] is None and "✅ Answered by " in question["text"]
+    assert "Reply to this message" not in question["text"] and not question.get("edited")

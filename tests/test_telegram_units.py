@@ -141,6 +141,10 @@ def test_a_real_agents_question_arrives_with_buttons_and_a_press_unblocks_it(uni
     assert task["reason"] == f"answer: The person (telegram:{USER}) chose: blue"
     edited = unit.bot.wait(lambda: [m for m in unit.bot.sent(CHAT) if m.get("edited")], DEADLINE)
     assert edited[0]["text"].endswith(f"✅ Answered by telegram:{USER}: blue")
+    unit.bot.say(CHAT, USER, f"/task {task_id}")
+    shown = one_message(unit.bot, CHAT, f"{task_id} done: pick a colour")
+    transcript = shown["text"].split("\n\n", 1)[1].splitlines()  # its last ten lines
+    assert len(transcript) == 10 and "attempt 1 ended: success" in shown["text"]
     history = json.loads(unit("history", task_id, "--json").stdout)
     assert {"action": "answered", "by": f"telegram:{USER}"}.items() <= next(
         h for h in history if h["action"] == "answered"
@@ -158,6 +162,23 @@ def test_new_adds_a_task_that_runs_and_strangers_are_ignored(unit: Box) -> None:
     assert unit.bot.sent(STRANGER) == []
     assert [t["id"] for t in json.loads(unit("ls", "--all", "--json").stdout)] == [task_id]
     assert f"ignored an update from user {STRANGER} (@mallory)" in unit.journal()
+
+
+def test_kill_stops_a_running_task(unit: Box) -> None:
+    unit.bot.say(CHAT, USER, "/new sleepy\nsleep 300")
+    task_id = one_message(unit.bot, CHAT, "Added ")["text"].split()[1].rstrip(":")
+    unit.box.wait_for(
+        lambda: (
+            unit.box.systemctl("is-active", f"fleet-task@{task_id}", check=False).stdout.strip()
+            == "active"
+        ),
+        what="the task running",
+    )
+    unit.bot.say(CHAT, USER, f"/kill {task_id}")
+    one_message(unit.bot, CHAT, f"Stopping {task_id}")
+    assert unit.wait(task_id) == 1
+    task = unit.show(task_id)
+    assert task["status"] == "blocked" and [a["outcome"] for a in task["attempt_log"]] == ["killed"]
 
 
 def test_a_restart_of_the_unit_repeats_no_update(unit: Box) -> None:

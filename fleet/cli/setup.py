@@ -100,9 +100,12 @@ def _check_telegram(config: Config) -> None:
             hint="fleet config set telegram_chats='[YOUR_CHAT_ID]'",
         )
     if config.get_bool("telegram_credential"):
-        path = config.get_str("telegram_token_file").strip()
-        if not path or not os.path.isfile(path):
-            raise ConfigError(f"telegram_credential: no token file {path!r} for systemd to load")
+        path = os.path.expanduser(config.get_str("telegram_token_file").strip())
+        if not os.path.isabs(path) or not os.path.isfile(path):
+            raise ConfigError(
+                f"telegram_credential: no token file {path!r} for systemd to load",
+                hint="set telegram_token_file to the file's absolute path",
+            )
         return
     token.load(config)
 

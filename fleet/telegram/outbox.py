@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fleet.model import Question
+from fleet.model import Question, QuestionStatus
 from fleet.store.base import Outgoing, OutgoingSpec, Store
 from fleet.telegram import text
 from fleet.telegram.api import ApiError, Bot
@@ -67,6 +67,21 @@ def params(item: Outgoing) -> dict[str, Any]:
     return out
 
 
+def _current(store: Store, item: Outgoing) -> dict[str, Any]:
+    """What to send for `item` now: a question settled while its message waited in the spool
+    is sent as settled, without buttons (and needs no edit afterwards)."""
+    if item.question is None:
+        return params(item)
+    q = store.question(item.question)
+    if q.status == QuestionStatus.PENDING:
+        return params(item)
+    store.settle_message(item.id)
+    out = params(item)
+    out.pop("reply_markup", None)
+    out["text"] = text.settled(item.body, q)
+    return out
+
+
 def send_due(
     store: Store,
     bot: Bot,
@@ -90,7 +105,7 @@ def send_due(
                     store.spool_failed(item.id, owner, "gave up: out of time", time.time())
                     continue
                 try:
-                    answer = bot.send("sendMessage", params(item), retries, deadline)
+                    answer = bot.send("sendMessage", _current(store, item), retries, deadline)
                 except ApiError as e:
                     store.spool_failed(item.id, owner, e.message, later(item.tries))
                     n = item.tries + 1
