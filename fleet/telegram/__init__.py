@@ -6,9 +6,9 @@ fleet-telegram's outbound loop, whichever comes first; inbound, fleet-telegram l
 getUpdates (`poller`) and acts through the same functions as the command line (`commands`).
 
 The Bot API is spoken over plain HTTPS with the standard library (`api`), not through
-python-telegram-bot. Why: fleet needs six methods (getMe, getUpdates, sendMessage,
-editMessageText, answerCallbackQuery, and nothing of the rest); the update offset has to live in
-fleet's store and its retries, spool and 409 handling are fleet's own policy, so the library's
+python-telegram-bot. Why: fleet needs five methods (getMe, getUpdates, sendMessage,
+editMessageText and answerCallbackQuery) and nothing of the rest; the update offset has to live
+in fleet's store and its retries, spool and 409 handling are fleet's own policy, so the library's
 Application (its updater, persistence and retry layers) would be bypassed anyway; the library
 is asyncio-only while the delivery process runs its notifiers in threads; and importing it
 costs 0.13 to 0.25 s on the path from a question to its message, whose goal is 0.5 s. urllib

@@ -24,8 +24,16 @@ from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from fleet.model import TaskSpec
-from tests.bench.common import Options, figure, fleet_env, fleet_exe, note, report, scratch_dir
+from tests.bench.common import (
+    Options,
+    figure,
+    fleet_env,
+    fleet_exe,
+    note,
+    report,
+    running_task,
+    scratch_dir,
+)
 
 if TYPE_CHECKING:
     from tests.servers.telegram import TelegramServer
@@ -109,15 +117,7 @@ def main(opts: Options) -> None:
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        from fleet.paths import resolve
-        from fleet.store import open_store
-
-        store = open_store(resolve())
-        try:
-            (task,) = store.add([TaskSpec("bench", str(root), coder="command")])
-            store.claim_task(task.id, "bench", 3600, "command", None)
-        finally:
-            store.close()
+        task_id = running_task(root)
         poller = subprocess.Popen(
             [os.path.join(os.path.dirname(fleet_exe()), "fleet-telegram")],
             env=env,
@@ -126,7 +126,7 @@ def main(opts: Options) -> None:
         try:
             bot.wait(lambda: bot.calls("getUpdates"), 30, "the poller")
             runs = opts.runs(RUNS)
-            asyncio.run(_measure(home, task.id, env, runs, bot))
+            asyncio.run(_measure(home, task_id, env, runs, bot))
         finally:
             poller.terminate()
             poller.wait(timeout=30)
