@@ -9,8 +9,9 @@ fired (fleet-reap runs as ExecStopPost, and whatever is left in the unit's cgrou
 when it exits); elsewhere it is a detached child in a session of its own. The delivery process
 runs each notifier independently and bounded in time: the command hook (`notify_command`), the
 webhook (`notify_webhook`, retried), each apprise URL (`notify_urls`, retried like the webhook),
-Telegram (`telegram_chats`: spooled in the store first, so a message that cannot be sent now is
-sent by a later delivery; see fleet.telegram.outbox) and a desktop notification (`notify-send`).
+Telegram (`telegram_chats`: spooled in the store by `fire` itself, so a message that cannot be
+sent now is sent by a later delivery or by fleet-telegram; see fleet.telegram.outbox) and a
+desktop notification (`notify-send`).
 Every failure, whether starting the delivery or of one notifier, is logged as one line (to the
 journal under journald, else on standard error) and swallowed; the delivery process always
 exits 0. `undelivered` counts what waits in the spool.
@@ -179,9 +180,26 @@ def fire(
         notifiers = Notifiers.from_config(config)
         if not notifiers.any:
             return
-        _start(paths, notifiers, make_event(event, message, task, **extra))
+        obj = make_event(event, message, task, **extra)
+        _start(paths, notifiers, obj, _spool(paths, notifiers, obj))
     except Exception as e:  # whatever it is, the caller must go on
         log(f'cannot start delivering the "{event}" notification: {_why(e)}', task=task_id)
+
+
+def _spool(paths: Paths, notifiers: Notifiers, obj: Mapping[str, Any]) -> list[int] | None:
+    """Telegram's messages, spooled in the store here and now (one short transaction): they
+    are then kept whatever becomes of the delivery, and a running fleet-telegram, woken by the
+    commit, may send them before the delivery process has started. None if that failed (the
+    delivery process tries again)."""
+    if not notifiers.telegram:
+        return None
+    from fleet.telegram import delivery
+
+    try:
+        return [m.id for m in delivery.spool_event(str(paths.home), obj, notifiers.telegram_chats)]
+    except Exception as e:
+        log(f"telegram: cannot spool the notification yet: {_why(e)}", task=obj.get("task"))
+        return None
 
 
 def _why(e: BaseException) -> str:
@@ -194,13 +212,20 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _start(paths: Paths, notifiers: Notifiers, obj: Mapping[str, Any]) -> None:
+def _start(
+    paths: Paths, notifiers: Notifiers, obj: Mapping[str, Any], spooled: list[int] | None
+) -> None:
     import secrets
 
     from fleet.fsutil import write_atomic
     from fleet.paths import ensure_dir
 
-    payload = {"event": obj, "notifiers": notifiers._asdict(), "home": str(paths.home)}
+    payload = {
+        "event": obj,
+        "notifiers": notifiers._asdict(),
+        "home": str(paths.home),
+        "spooled": spooled,
+    }
     spool = ensure_dir(paths.home / SPOOL) / f"{secrets.token_hex(8)}.json"
     write_atomic(spool, json.dumps(payload, default=str).encode(), durable=False)
     argv = [sys.executable, "-m", "fleet.alerts", str(spool)]
@@ -336,9 +361,15 @@ def log(text: str, *, task: str | None = None, notifier: str | None = None) -> N
 # ---------------------------------------------------------------------- the delivery process
 
 
-def deliver(obj: Mapping[str, Any], notifiers: Notifiers, home: str | None = None) -> None:
+def deliver(
+    obj: Mapping[str, Any],
+    notifiers: Notifiers,
+    home: str | None = None,
+    spooled: Sequence[int] | None = None,
+) -> None:
     """Run every configured notifier at once, each bounded; log those that fail. Telegram's
-    messages are spooled in the store of `home` (default: FLEET_HOME) before anything runs."""
+    messages are the outbox rows `spooled` (by `fire`), or else are spooled in the store of
+    `home` (default: FLEET_HOME) before anything runs."""
     import threading
     import time
 
@@ -349,7 +380,7 @@ def deliver(obj: Mapping[str, Any], notifiers: Notifiers, home: str | None = Non
     bound = notifiers.bound()
     deadline = time.monotonic() + bound
     if notifiers.telegram:
-        telegram = _telegram_job(obj, notifiers, home, deadline - KILL_GRACE, what)
+        telegram = _telegram_job(obj, notifiers, home, spooled, deadline - KILL_GRACE, what)
         if telegram is not None:
             jobs.append(("telegram", telegram))
     for url in notifiers.urls:
@@ -401,20 +432,28 @@ def _shown(url: str) -> str:
 
 
 def _telegram_job(
-    obj: Mapping[str, Any], notifiers: Notifiers, home: str | None, deadline: float, what: str
+    obj: Mapping[str, Any],
+    notifiers: Notifiers,
+    home: str | None,
+    spooled: Sequence[int] | None,
+    deadline: float,
+    what: str,
 ) -> Any:
-    """Spool the event for every chat now, and return the job that sends what is due (None,
-    logged, if it could not be spooled)."""
+    """The job that sends the event's spooled messages and whatever else is due; the event
+    is spooled for every chat first if `fire` did not (None, logged, if it cannot be)."""
     from fleet.telegram import delivery
 
-    try:
-        spooled = delivery.spool_event(home, obj, notifiers.telegram_chats)
-    except Exception as e:
-        log(f"telegram cannot spool {what}: {_why(e)}", task=obj.get("task"), notifier="telegram")
-        return None
+    ids = list(spooled) if spooled is not None else None
+    if ids is None:
+        try:
+            ids = [m.id for m in delivery.spool_event(home, obj, notifiers.telegram_chats)]
+        except Exception as e:
+            task = obj.get("task")
+            log(f"telegram cannot spool {what}: {_why(e)}", task=task, notifier="telegram")
+            return None
 
     def job() -> str | None:
-        return delivery.send(home, notifiers, spooled, deadline)
+        return delivery.send(home, notifiers, ids, deadline)
 
     return job
 
@@ -619,10 +658,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         obj = data["event"]
         notifiers = Notifiers.from_json(data["notifiers"])
         home = data.get("home")
+        spooled = data.get("spooled")
+        ids = [int(i) for i in spooled] if isinstance(spooled, list) else None
     except (OSError, ValueError, KeyError, TypeError) as e:
         log(f"cannot read the notification {args[0]}: {_why(e)}")
         return 0
-    deliver(obj, notifiers, home if isinstance(home, str) else None)
+    deliver(obj, notifiers, home if isinstance(home, str) else None, ids)
     return 0
 
 

@@ -24,13 +24,14 @@ from fleet.config import Config
 from fleet.errors import Conflict, FleetError, InputError
 from fleet.model import Question, QuestionKind, QuestionStatus, Reply, Status, TaskSpec
 from fleet.paths import Paths
-from fleet.store.base import Store, TaskFilter
+from fleet.store.base import Outgoing, Store, TaskFilter
 from fleet.telegram import outbox, text
 from fleet.telegram.api import ApiError, Bot
 
 PROGRAM = "fleet-telegram"
 LISTED = 30  # tasks /tasks shows
 TRANSCRIPT = 10  # transcript lines /task shows
+SENT_WAIT = 5.0  # seconds a press or reply waits for its message's id to be recorded
 YES = {"yes", "y", "approve", "approved", "ok", "go", "👍", "✅"}
 NO = {"no", "n", "deny", "denied", "reject", "stop", "👎", "❌"}
 
@@ -144,7 +145,7 @@ class Handler:
         try:
             replied = message.get("reply_to_message")
             if isinstance(replied, dict) and not said.startswith("/"):
-                q = self._question_of(who.chat, replied.get("message_id"))
+                q = self._question_of(who.chat, replied)
                 if q is not None:
                     self._answer(who, q, said)
                     return
@@ -155,10 +156,37 @@ class Handler:
         except FleetError as e:
             self.refuse(who, e)
 
-    def _question_of(self, chat: int, message_id: Any) -> Question | None:
+    def _sent(self, chat: int, message_id: Any) -> Outgoing | None:
+        """The outbox row of the bot's message `message_id` in `chat`. Its sender records the
+        message id once Telegram has answered the send, which a quick press or reply may beat:
+        a row not there yet is waited for, on the store's commits, for up to SENT_WAIT s."""
+        from inotify_simple import INotify
+        from inotify_simple import flags as iflags
+
         if not isinstance(message_id, int):
             return None
-        sent = self.store.sent_message(outbox.CHANNEL, str(chat), str(message_id))
+        ref = str(message_id)
+        found = self.store.sent_message(outbox.CHANNEL, str(chat), ref)
+        if found is not None:
+            return found
+        inotify = INotify()
+        try:
+            inotify.add_watch(self.paths.lock, iflags.ATTRIB)
+            deadline = time.monotonic() + SENT_WAIT
+            while (left := deadline - time.monotonic()) > 0:
+                found = self.store.sent_message(outbox.CHANNEL, str(chat), ref)
+                if found is not None or not self.store.spooled(outbox.CHANNEL):
+                    return found
+                inotify.read(timeout=int(left * 1000) + 1)
+            return None
+        finally:
+            inotify.close()
+
+    def _question_of(self, chat: int, replied: dict[str, Any]) -> Question | None:
+        frm = replied.get("from")
+        if not isinstance(frm, dict) or not frm.get("is_bot"):
+            return None
+        sent = self._sent(chat, replied.get("message_id"))
         if sent is None or sent.question is None:
             return None
         return self.store.question(sent.question)
@@ -219,10 +247,8 @@ class Handler:
             return Reply(who.by, None, picked)
         raise InputError(f"this button ({verb}) means nothing to fleet")
 
-    def _spooled(self, who: Sender, message: dict[str, Any]) -> Any:
-        sent = self.store.sent_message(
-            outbox.CHANNEL, str(who.chat), str(message.get("message_id"))
-        )
+    def _spooled(self, who: Sender, message: dict[str, Any]) -> Outgoing:
+        sent = self._sent(who.chat, message.get("message_id"))
         if sent is None:
             raise InputError("fleet did not send this message")
         return sent

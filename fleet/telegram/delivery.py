@@ -1,10 +1,11 @@
-"""Telegram in the delivery process of fleet.alerts: spool one notification, send what is due.
+"""Telegram in fleet.alerts: spool one notification (in `fire`, or else in the delivery
+process), and send what is due (in the delivery process).
 
-Invariants: the event is spooled (one row per chat) before the job starts, so that whatever
-happens to this process afterwards the message waits in the store; the job then sends this
-event's messages first and whatever older ones are still due, within the delivery's bound,
-and edits the messages of questions settled meanwhile. What could not be sent is said in one
-line and stays spooled.
+Invariants: the event is spooled (one row per chat) before the delivery's job starts, so that
+whatever happens to that process the message waits in the store; the job then sends this
+event's messages first (unless fleet-telegram took them first) and whatever was spooled
+before them, within the delivery's bound, and edits the messages of questions settled
+meanwhile. What could not be sent is said in one line and stays spooled.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ def spool_event(home: str | None, obj: Mapping[str, Any], chats: Sequence[int]) 
 
 
 def send(
-    home: str | None, notifiers: Notifiers, spooled: Sequence[Outgoing], deadline: float
+    home: str | None, notifiers: Notifiers, spooled: Sequence[int], deadline: float
 ) -> str | None:
-    """Send `spooled`, then anything else due; None if all went, else one line saying why."""
+    """Send the messages `spooled`, then anything else due; None if all went, else one line
+    saying why."""
     from fleet.errors import FleetError
     from fleet.telegram import outbox, token
     from fleet.telegram.api import Bot
@@ -66,9 +68,7 @@ def send(
             return f"{e.message}; {waiting} {'message waits' if waiting == 1 else 'messages wait'}"
         bot = Bot(secret, notifiers.telegram_api, notifiers.timeout)
         me = owner()
-        outbox.send_due(
-            store, bot, me, notifiers.retries, deadline, failures.append, [s.id for s in spooled]
-        )
+        outbox.send_due(store, bot, me, notifiers.retries, deadline, failures.append, spooled)
         outbox.settle(store, bot, failures.append)
     finally:
         store.close()

@@ -18,12 +18,18 @@ once) to the tool result arriving at the client.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
+from fleet.timeutil import parse
 from tests.bench.common import (
     Options,
     figure,
@@ -44,10 +50,14 @@ TARGET_MS = 500.0
 CHAT = 4242
 
 
-def _new_message(bot: TelegramServer, seen: int) -> list[dict[str, Any]]:
-    """The messages after the first `seen`, once there is one."""
-    found: list[dict[str, Any]] = bot.wait(lambda: bot.sent(CHAT)[seen:], 30, "the question")
-    return found
+def _new_message(bot: TelegramServer, seen: int, needle: str) -> list[dict[str, Any]]:
+    """The messages after the first `seen` that hold `needle`, once there is one."""
+
+    def found() -> list[dict[str, Any]]:
+        return [m for m in bot.sent(CHAT)[seen:] if needle in m["text"]]
+
+    messages: list[dict[str, Any]] = bot.wait(found, 30, "the question")
+    return messages
 
 
 async def _measure(
@@ -75,7 +85,7 @@ async def _measure(
                         {"question": f"Question {n}?", "kind": "choice", "options": ["a", "b"]},
                     )
                 )
-                message = await asyncio.to_thread(_new_message, bot, seen)
+                message = await asyncio.to_thread(_new_message, bot, seen, f"Question {n}?")
                 t1 = perf_counter()
                 mid = message[0]["message_id"]
                 data = message[0]["reply_markup"]["inline_keyboard"][0][0]["callback_data"]
@@ -132,3 +142,62 @@ def main(opts: Options) -> None:
             poller.wait(timeout=30)
         note("the delivery is detached as from a terminal; under a unit it is a transient unit")
         figure("telegram runs", f"{runs} questions to one fleet-ask, each answered by a press")
+        under_systemd(opts, bot)
+
+
+UNIT_RUNS = 10
+AGENT = Path(__file__).resolve().parent.parent / "fixtures" / "ask_agent.py"
+
+
+def under_systemd(opts: Options, bot: TelegramServer) -> None:
+    """The same two figures with fleet installed by `fleet setup --system --telegram` in a
+    systemd sandbox: the agent is a command-coder task (tests/fixtures/ask_agent.py) whose
+    fleet-ask fires from inside its fleet-task@ unit, so the delivery is a transient unit.
+    The clocks: the question's asked_at in the store (ms) to the sendMessage's arrival, and
+    the press to fleet-ask's journal entry of the answer (it is written as the call returns).
+    """
+    from tests.sandbox import Sandbox
+    from tests.servers import telegram
+
+    if os.geteuid() != 0:
+        note("under systemd: skipped, booting a systemd sandbox needs root")
+        return
+    root = Path(tempfile.mkdtemp(prefix="fleet-bench-tg-", dir="/tmp"))  # the sandbox sees it
+    home, project, token = root / "home", root / "project", root / "token"
+    project.mkdir()
+    token.write_text(telegram.TOKEN)
+    token.chmod(0o600)
+    box = Sandbox.boot(root / "sandbox")
+    try:
+
+        def fleet(*args: str) -> str:
+            return box.run(fleet_exe(), *args, env={"FLEET_HOME": str(home)}).stdout
+
+        fleet(
+            "config", "set", "default_coder=command", "notify_desktop=false",
+            f"telegram_token_file={token}", f"telegram_chats=[{CHAT}]",
+            f"telegram_api_url={bot.url}", "telegram_poll_seconds=5",
+        )  # fmt: skip
+        fleet("setup", "--system", "--telegram")
+        sent_ms: list[float] = []
+        pressed_ms: list[float] = []
+        for n in range(opts.runs(UNIT_RUNS) + 1):  # the first is a warm-up
+            seen = len(bot.sent(CHAT))
+            script = f"{sys.executable} {AGENT} 'Question {n}?' yes no"
+            task_id = fleet("add", f"q{n}", "--cwd", str(project), "-d", script).strip()
+            message = _new_message(bot, seen, f"Question {n}?")[0]
+            (q,) = json.loads(fleet("questions", "--json"))
+            arrived = next(c for c in bot.calls("sendMessage") if q["id"] in c.params["text"])
+            data = message["reply_markup"]["inline_keyboard"][0][0]["callback_data"]
+            pressed = time.time()
+            bot.press(CHAT, CHAT, message["message_id"], data)
+            fleet("wait", task_id, "--timeout", "60")
+            (entry,) = box.journal(f"FLEET_QUESTION={q['id']}", "FLEET_QUESTION_STATUS=answered")
+            if n:
+                sent_ms.append((arrived.wall - parse(q["asked_at"])) * 1000)
+                pressed_ms.append((int(entry["__REALTIME_TIMESTAMP"]) / 1e6 - pressed) * 1000)
+        report("under systemd: question asked -> message sent", sent_ms, "ms", target=TARGET_MS)
+        report("under systemd: button press -> agent unblocked", pressed_ms, "ms", target=TARGET_MS)
+    finally:
+        box.stop()
+        shutil.rmtree(root, ignore_errors=True)

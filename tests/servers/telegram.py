@@ -88,7 +88,8 @@ def units(text: str) -> int:
 class Call:
     method: str
     params: dict[str, Any]
-    at: float
+    at: float  # time.monotonic()
+    wall: float = 0.0  # time.time(), to compare with timestamps of other processes
 
 
 @dataclass
@@ -247,7 +248,7 @@ def serve_call(state: State, path: str, params: dict[str, Any]) -> tuple[int, di
         return 401, {"ok": False, "error_code": 401, "description": "Unauthorized"}
     method = parts[1]
     with state.changed:
-        state.calls.append(Call(method, params, time.monotonic()))
+        state.calls.append(Call(method, params, time.monotonic(), time.time()))
         state.changed.notify_all()
         queued = state.failures.get(method)
         if queued:
