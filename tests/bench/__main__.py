@@ -1,8 +1,8 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, units, stream,
-answer, telegram; default: all, in that order; units and stream boot a systemd sandbox and need
-root).
+answer, telegram, telegram-units; default: all, in that order; units, stream and
+telegram-units boot a systemd sandbox and need root).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_stream.NAME: bench_stream.main,
     bench_answer.NAME: bench_answer.main,
     bench_telegram.NAME: bench_telegram.main,
+    bench_telegram.UNITS_NAME: bench_telegram.main_units,
 }
 
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from tests.servers.telegram import TelegramServer
 
 NAME = "telegram"
+UNITS_NAME = "telegram-units"
 RUNS = 20
 TARGET_MS = 500.0
 CHAT = 4242
@@ -61,8 +62,9 @@ def _new_message(bot: TelegramServer, seen: int, needle: str) -> list[dict[str, 
 
 
 async def _measure(
-    home: Path, task_id: str, env: dict[str, str], runs: int, bot: TelegramServer
+    home: Path, task_id: str, env: dict[str, str], runs: int, bot: TelegramServer, poller: bool
 ) -> None:
+    """With `poller`, each question is answered by a press; without, by `fleet answer`."""
     from mcp import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -86,48 +88,64 @@ async def _measure(
                     )
                 )
                 message = await asyncio.to_thread(_new_message, bot, seen, f"Question {n}?")
-                t1 = perf_counter()
-                mid = message[0]["message_id"]
-                data = message[0]["reply_markup"]["inline_keyboard"][0][0]["callback_data"]
-                t2 = perf_counter()
-                bot.press(CHAT, CHAT, mid, data)
+                t1 = t2 = perf_counter()
+                if poller:
+                    data = message[0]["reply_markup"]["inline_keyboard"][0][0]["callback_data"]
+                    t2 = perf_counter()
+                    bot.press(CHAT, CHAT, message[0]["message_id"], data)
+                else:
+                    qid = message[0]["text"].split("(", 1)[1].split(")", 1)[0]
+                    answer = [fleet_exe(), "answer", qid, "--choice", "a"]
+                    await asyncio.to_thread(
+                        subprocess.run, answer, env=env, check=True, stdout=subprocess.DEVNULL
+                    )
                 result = await asyncio.wait_for(call, 30)
                 t3 = perf_counter()
                 text = "".join(getattr(block, "text", "") for block in result.content)
                 if "chose: a" not in text:
-                    raise RuntimeError(f"the press did not answer: {text!r}")
+                    raise RuntimeError(f"the answer did not reach the agent: {text!r}")
                 if n:
                     sent_ms.append((t1 - t0) * 1000)
                     pressed_ms.append((t3 - t2) * 1000)
-    report("question asked -> Telegram message sent", sent_ms, "ms", target=TARGET_MS)
+    if not poller:
+        label = "question asked -> Telegram message sent, by the delivery process alone"
+        report(label, sent_ms, "ms", target=TARGET_MS)
+        return
+    label = "question asked -> Telegram message sent, fleet-telegram running"
+    report(label, sent_ms, "ms", target=TARGET_MS)
     report("button press -> ask_human returns", pressed_ms, "ms", target=TARGET_MS)
+
+
+def configured(root: Path, bot: TelegramServer) -> tuple[dict[str, str], str]:
+    """A FLEET_HOME under `root` that notifies CHAT through `bot`: its environment, and the
+    id of a running task."""
+    from tests.servers import telegram
+
+    home = root / "home"
+    env = fleet_env(home)
+    os.environ["FLEET_HOME"] = str(home)  # for this process's own store and config
+    token = root / "token"
+    token.write_text(telegram.TOKEN)
+    token.chmod(0o600)
+    settings = [
+        f"telegram_token_file={token}",
+        f"telegram_chats=[{CHAT}]",
+        f"telegram_api_url={bot.url}",
+        "notify_desktop=false",
+    ]
+    command = [fleet_exe(), "config", "set", *settings]
+    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+    return env, running_task(root)
 
 
 def main(opts: Options) -> None:
     from tests.servers import telegram
 
+    runs = opts.runs(RUNS)
     with scratch_dir(NAME) as root, telegram.serve() as bot:
+        env, task_id = configured(root, bot)
         home = root / "home"
-        env = fleet_env(home)
-        os.environ["FLEET_HOME"] = str(home)  # for this process's own store and config
-        token = root / "token"
-        token.write_text(telegram.TOKEN)
-        token.chmod(0o600)
-        subprocess.run(
-            [
-                fleet_exe(),
-                "config",
-                "set",
-                f"telegram_token_file={token}",
-                f"telegram_chats=[{CHAT}]",
-                f"telegram_api_url={bot.url}",
-                "notify_desktop=false",
-            ],
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        task_id = running_task(root)
+        asyncio.run(_measure(home, task_id, env, runs, bot, poller=False))
         poller = subprocess.Popen(
             [os.path.join(os.path.dirname(fleet_exe()), "fleet-telegram")],
             env=env,
@@ -135,13 +153,18 @@ def main(opts: Options) -> None:
         )
         try:
             bot.wait(lambda: bot.calls("getUpdates"), 30, "the poller")
-            runs = opts.runs(RUNS)
-            asyncio.run(_measure(home, task_id, env, runs, bot))
+            asyncio.run(_measure(home, task_id, env, runs, bot, poller=True))
         finally:
             poller.terminate()
             poller.wait(timeout=30)
-        note("the delivery is detached as from a terminal; under a unit it is a transient unit")
-        figure("telegram runs", f"{runs} questions to one fleet-ask, each answered by a press")
+    note("the delivery process is detached as from a terminal; under a unit, a transient unit")
+    figure("telegram runs", f"{runs} questions to one fleet-ask, without and with fleet-telegram")
+
+
+def main_units(opts: Options) -> None:
+    from tests.servers import telegram
+
+    with telegram.serve() as bot:
         under_systemd(opts, bot)
 
 
@@ -189,7 +212,7 @@ def under_systemd(opts: Options, bot: TelegramServer) -> None:
             (q,) = json.loads(fleet("questions", "--json"))
             arrived = next(c for c in bot.calls("sendMessage") if q["id"] in c.params["text"])
             data = message["reply_markup"]["inline_keyboard"][0][0]["callback_data"]
-            pressed = time.time()
+            pressed = time.time()  # the journal's clock
             bot.press(CHAT, CHAT, message["message_id"], data)
             fleet("wait", task_id, "--timeout", "60")
             (entry,) = box.journal(f"FLEET_QUESTION={q['id']}", "FLEET_QUESTION_STATUS=answered")
