@@ -1,9 +1,10 @@
 """Telegram: notifications to chats, and answers and commands from them (fleet-telegram).
 
-Outbound, every notification fleet fires is spooled in the store's outbox, one message per
-allowed chat (`outbox`), and sent by the delivery process of fleet.alerts and by
-fleet-telegram's outbound loop, whichever comes first; inbound, fleet-telegram long-polls
-getUpdates (`poller`) and acts through the same functions as the command line (`commands`).
+Outbound, every notification fleet fires is spooled in the store's outbox by `fire` itself,
+one message per allowed chat (`outbox`, `delivery`), and sent by fleet-telegram's outbound
+loop (woken by the commit) or the delivery process of fleet.alerts, whichever comes first;
+inbound, fleet-telegram long-polls getUpdates (`poller`) and acts through the same functions
+as the command line (`commands`).
 
 The Bot API is spoken over plain HTTPS with the standard library (`api`), not through
 python-telegram-bot. Why: fleet needs five methods (getMe, getUpdates, sendMessage,
