@@ -256,6 +256,14 @@ def test_clipping_counts_what_telegram_counts() -> None:
     html = text.render([("b", "t"), ("", emoji)], 1)
     assert telegram.units(telegram.visible(html, "HTML")) <= telegram.LIMIT
     assert text.clip("abc", 3) == "abc" and text.clip("abcd", 3) == "ab…"
+    listing = text.pre("x" * 5000 + "</pre><b>")
+    assert listing.startswith("<pre>x") and listing.endswith("…</pre>")
+    assert telegram.units(telegram.visible(listing, "HTML")) == telegram.LIMIT
+
+
+def test_terminal_escapes_in_an_agents_text_are_shown_not_sent() -> None:
+    html = text.render([("", "red \x1b[31malert\x1b[0m\x00 done\tok\nnext")], 0)
+    assert html == "red \ufffd[31malert\ufffd[0m\ufffd done\tok\nnext"
 
 
 def test_a_send_that_failed_three_times_is_delivered_by_the_next_delivery(

@@ -11,6 +11,7 @@ that shows how its question was settled is built, and clipped, the same way.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,8 +40,13 @@ def clip(text: str, room: int) -> str:
     return cut + "…"
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # all but tab and newline
+
+
 def render(parts: Sequence[Sequence[str]], flexible: int) -> str:
-    """The HTML of `parts`, part number `flexible` clipped so that the whole fits LIMIT."""
+    """The HTML of `parts`, part number `flexible` clipped so that the whole fits LIMIT;
+    control characters (a terminal's escapes, say) are shown as U+FFFD."""
+    parts = [(tag, _CONTROL.sub("\ufffd", text)) for tag, text in parts]
     fixed = sum(units(t) for i, (_, t) in enumerate(parts) if i != flexible)
     room = max(LIMIT - fixed, 1)
     out = []
@@ -169,9 +175,9 @@ def settled(spooled: Mapping[str, Any], q: Question) -> str:
 
 def plain(text: str) -> str:
     """A reply of fleet's own (a command's output) as escaped HTML within the limit."""
-    return html.escape(clip(text, LIMIT), quote=False)
+    return render([("", text)], 0)
 
 
 def pre(text: str) -> str:
     """A listing in a monospaced block."""
-    return "<pre>" + html.escape(clip(text, LIMIT - 10), quote=False) + "</pre>"
+    return render([("pre", text)], 0)
