@@ -774,3 +774,72 @@ def test_a_question_settled_while_its_message_waited_is_sent_settled(
     question = one_message(bot, CHAT, "Which port?")
     assert question["reply_markup"] is None and "✅ Answered by " in question["text"]
     assert "Reply to this message" not in question["text"] and not question.get("edited")
+
+
+def test_deny_by_button_and_answer_by_command(
+    tg: Fleet, bot: TelegramServer, poller: Poller
+) -> None:
+    task_id = running(tg)
+
+    async def scenario() -> None:
+        async with agent(task_id) as session:
+            call = asyncio.ensure_future(ask(session, question="Force-push?", kind="approval"))
+            message = await asyncio.to_thread(one_message, bot, CHAT, "Force-push?")
+            (deny,) = [data for label, data in buttons(message) if label == "❌ Deny"]
+            bot.press(CHAT, USER, message["message_id"], deny)
+            answer, _ = await asyncio.wait_for(call, DEADLINE)
+            assert answer == f"The person (telegram:{USER}) DENIED it."
+            call = asyncio.ensure_future(ask(session, question="Then which branch?"))
+            await asyncio.to_thread(one_message, bot, CHAT, "Then which branch?")
+            bot.say(CHAT, USER, f"/answer {task_id} release/2.1 please")
+            answer, _ = await asyncio.wait_for(call, DEADLINE)
+            assert answer == f"The person (telegram:{USER}) answered: release/2.1 please"
+
+    asyncio.run(scenario())
+    denied = bot.wait(lambda: messages_to(bot, CHAT, "Force-push?", "Denied by"), DEADLINE)
+    assert denied[0]["reply_markup"] is None
+    bot.say(CHAT, USER, "/tasks running")
+    listed = one_message(bot, CHAT, f"{task_id} running")
+    assert listed["text"].splitlines() == [f"{task_id} running   needs a decision"]
+    bot.say(CHAT, USER, "/tasks sleeping")
+    one_message(bot, CHAT, "no status 'sleeping'")
+
+
+def test_a_network_failure_leaves_the_message_spooled_for_later(
+    tg: Fleet, bot: TelegramServer
+) -> None:
+    import socket
+
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    tg.ok("config", "set", f"telegram_api_url={nobody}", "notify_retries=1")
+    config = load(resolve())
+    alerts.deliver(
+        alerts.make_event("notice", "while offline"), alerts.Notifiers.from_config(config)
+    )
+    err = tg.capsys.readouterr().err
+    assert "Connection refused" in err and "stays spooled for the next delivery" in err
+    assert spooled() == 1
+    tg.ok("config", "set", f"telegram_api_url={bot.url}")
+    config = load(resolve())
+    alerts.deliver(alerts.make_event("notice", "back online"), alerts.Notifiers.from_config(config))
+    assert [m["text"].rsplit("\n", 1)[-1] for m in bot.sent(CHAT)] == [
+        "back online",
+        "while offline",
+    ]
+    assert spooled() == 0
+
+
+def test_the_unit_in_either_scope(home: Path) -> None:
+    from fleet.config import defaults
+    from fleet.units import TELEGRAM, Install, render
+
+    paths = resolve()
+    for scope in ("user", "system"):
+        inst = Install(scope, paths, Path("/opt/fleet/bin"), None, True)
+        unit = render(inst, defaults(paths.config_file))[TELEGRAM]
+        assert "ExecStart=/opt/fleet/bin/fleet-telegram" in unit
+        assert "RestartPreventExitStatus=75" in unit and "Type=notify" in unit
+        assert ("network-online.target" in unit) == (scope == "system")
+    assert TELEGRAM not in render(Install("user", paths, Path("/x")), defaults(paths.config_file))
