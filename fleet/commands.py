@@ -1,4 +1,5 @@
-"""The command lines of the per-task programs: fleet-claim, fleet-run, fleet-reap, fleet-ask.
+"""The command lines of fleet's programs: fleet-claim, fleet-run, fleet-reap, fleet-ask (per
+task) and fleet-telegram (the Telegram bot's unit).
 
 These click commands are their help, their man pages, and the parser of any invocation the
 fast path in fleet.programs does not recognise; what the programs do is in fleet.programs.
@@ -72,9 +73,28 @@ def ask() -> None:
     programs.ask()
 
 
+@click.command("fleet-telegram", context_settings=_SETTINGS)
+def telegram() -> None:
+    """Serve the Telegram bot: long-poll its updates and act on them, and send the
+    notifications the outbox holds.
+
+    fleet-telegram.service runs it (`fleet setup --telegram`). Messages from the chats in
+    telegram_chats (and users in telegram_users, when set) answer questions, by reply or with
+    the buttons, and run the commands /status, /tasks, /task, /new, /answer, /kill, /retry,
+    /pause, /resume and /help; anyone else gets no answer and a journal line. The update
+    offset lives in the store, so a restart neither loses nor repeats an update; the
+    configuration is read again every cycle. One poller per bot, on any number of hosts:
+    a second one exits with status 75 and says which poller holds the bot.
+    """
+    from fleet import programs
+
+    programs.telegram()
+
+
 PROGRAMS: dict[str, click.Command] = {
     "fleet-claim": claim,
     "fleet-run": run_cmd,
     "fleet-reap": reap,
     "fleet-ask": ask,
+    "fleet-telegram": telegram,
 }

@@ -527,6 +527,7 @@ _KINDS = {
     "str": "string",
     "bool": "true or false",
     "list": "list of strings",
+    "ids": "list of integers",
     "table": "table of strings",
     "sizes": "table of positive integers",
 }

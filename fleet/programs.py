@@ -122,6 +122,12 @@ def ask() -> None:
     serve()
 
 
+def telegram() -> None:
+    from fleet.telegram.poller import main as poll
+
+    poll()
+
+
 def _fast(prog: str, argv: Sequence[str]) -> Callable[[], object] | None:
     """The common invocations, or None for anything click should parse."""
     if prog in ("fleet-run", "fleet-reap") and len(argv) == 1 and not argv[0].startswith("-"):
@@ -130,6 +136,8 @@ def _fast(prog: str, argv: Sequence[str]) -> Callable[[], object] | None:
         return lambda: claim(bool(argv))
     if prog == "fleet-ask" and not argv:
         return ask
+    if prog == "fleet-telegram" and not argv:
+        return telegram
     return None
 
 
@@ -167,3 +175,7 @@ def reap_main() -> int:
 
 def ask_main() -> int:
     return main("fleet-ask")
+
+
+def telegram_main() -> int:
+    return main("fleet-telegram")

@@ -3,7 +3,9 @@ the agent receives back.
 
 Invariant: the store only ever records an answer that `resolve` accepted for its question, so a
 choice answer names existing options (exactly one unless multi_select), an approval answer is a
-yes or no, and the text the agent receives is built here and nowhere else.
+yes or no, and the text the agent receives is built here and nowhere else. Every answer, from
+`fleet answer` or from Telegram, goes through `give`: checked, committed (the first answer
+wins), then announced to the waiting agent.
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from fleet.errors import Conflict, InputError
 from fleet.model import Question, QuestionKind, QuestionStatus, Reply
+
+if TYPE_CHECKING:
+    from fleet.paths import Paths
+    from fleet.store.base import Store
 
 MAX_TEXT = 8000  # characters of a question or an answer; a longer one is refused, not cut
 MAX_OPTIONS = 26
@@ -38,6 +44,22 @@ def not_pending(q: Question) -> Conflict:
             hint="the first answer wins; the agent has already received it",
         )
     return Conflict(f"{q.id} is {q.status} and takes no answer any more")
+
+
+def give(paths: Paths, store: Store, q: Question, reply: Reply) -> Question:
+    """Answer `q` with `reply`: checked against the question, committed if it is still
+    pending (Conflict saying who answered first otherwise), and the agent woken. Returns the
+    answered question."""
+    from fleet import taskdir
+
+    if q.status != QuestionStatus.PENDING:
+        raise not_pending(q)
+    resolved = resolve(q, reply)
+    done = store.answer(
+        q.id, reply.by, resolved.answer, resolved.choices, resolved.approved, resolved.comment
+    )
+    ring(taskdir.task_dir(paths, q.task))
+    return done
 
 
 class Resolved(NamedTuple):

@@ -187,24 +187,13 @@ def answer(
     --deny (`-` reads it from standard input). The first answer wins: a later one fails with
     exit status 4 and says who answered. The agent receives the answer at once.
     """
-    from fleet import questions, taskdir
+    from fleet import questions
     from fleet.audit import person
 
     if text == "-":
         text = sys.stdin.read()
     q = _target(app, ref)
-    if q.status != "pending":
-        raise questions.not_pending(q)
-    resolved = questions.resolve(q, Reply(by or person(), text, choices, approved))
-    done = app.store.answer(
-        q.id,
-        by or person(),
-        resolved.answer,
-        resolved.choices,
-        resolved.approved,
-        resolved.comment,
-    )
-    questions.ring(taskdir.task_dir(app.paths, q.task))
+    done = questions.give(app.paths, app.store, q, Reply(by or person(), text, choices, approved))
     if as_json:
         emit_object(done.to_json())
     else:
