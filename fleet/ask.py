@@ -169,9 +169,9 @@ class Asker:
     def _entry(self, text: str, attempt: int, **fields: Value) -> None:
         text = self.redact(text)
         if self.journal is None:
-            import sys
+            from fleet.output import emit_text
 
-            sys.stderr.write(f"fleet-ask: {text}\n")
+            emit_text(f"fleet-ask: {text}", err=True)
             return
         with contextlib.suppress(OSError):
             self.journal.send(

@@ -123,7 +123,9 @@ class Sink:
         """An entry about the attempt itself (started, ended: explained by the catalog under
         their MESSAGE_ID; a note such as the worktree used has none)."""
         if self.journal is None:
-            sys.stderr.write(f"fleet-run: {text}\n")
+            from fleet.output import emit_text
+
+            emit_text(f"fleet-run: {text}", err=True)
             return
         self.journal.send(
             {

@@ -76,7 +76,9 @@ def run(task_id: str) -> int:
     if not invocation:  # by hand: nobody else will reap it
         kind, line = settle(task_id)
         if kind:
-            sys.stderr.write(f"fleet-run: {line}\n")
+            from fleet.output import emit_text
+
+            emit_text(f"fleet-run: {line}", err=True)
         return code
     # Under systemd, an attempt that ended on its own is settled here, sparing each task the
     # start-up of fleet-reap; the marker tells ExecStopPost so. A runner that is killed (OOM,

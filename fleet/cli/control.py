@@ -173,11 +173,13 @@ def merge_cmd(app: App, task_id: str, strategy: str | None) -> None:
             f"{task.id} is {task.status}: {task.reason}",
             hint=f"once that is resolved on {task.branch}: fleet merge {task.id}",
         )
+    from fleet.output import emit_text
+
     wake.poke(app.paths)  # tasks that waited on this one may start
     if task.merge_state == "branch":
-        click.echo(f"{task.id}: {task.merge_reason}")
+        emit_text(f"{task.id}: {task.merge_reason}")
     else:
         into = f"{task.base} is at {(task.merged_commit or '')[:12]}"
-        click.echo(
+        emit_text(
             f"{task.id}: merged, {into}" + (f" ({task.merge_reason})" if task.merge_reason else "")
         )

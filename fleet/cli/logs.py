@@ -81,7 +81,11 @@ class Uninterrupted:
 def line(rec: dict[str, Any]) -> str:
     when = datetime.fromisoformat(rec["time"].replace("Z", "+00:00")).astimezone()
     attempt = f"#{rec['attempt']}" if "attempt" in rec else "  "
-    return f"{when:%H:%M:%S} {attempt:>3} {rec['event']:<11} {rec['message']}"
+    from fleet.output import for_terminal
+
+    # The transcript is the agent's output and its tools': shown, never acted on.
+    text = f"{when:%H:%M:%S} {attempt:>3} {rec['event']:<11} {rec['message']}"
+    return for_terminal(text, lines=True)
 
 
 @cli.command()
