@@ -26,13 +26,13 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from fleet import questions, taskdir
+from fleet import inputs, questions, taskdir
 from fleet.errors import FleetError, InputError
 from fleet.events import MSG_ANSWER, MSG_QUESTION
 from fleet.journal import Journal, Value
 from fleet.model import Question, QuestionStatus, Status
 from fleet.paths import Paths, ensure_dir, resolve
-from fleet.redact import Redactor, secret_values
+from fleet.redact import Redactor
 from fleet.store import Actor, Store, open_store
 from fleet.timeutil import iso
 
@@ -143,8 +143,9 @@ class Asker:
         self.directory = taskdir.task_dir(paths, self.task_id)
         ensure_dir(self.directory)
         self.journal = Journal() if in_task_unit() else None
-        # What the agent writes may quote a secret it saw: redact before storing or showing it.
-        self.redact = Redactor(secret_values(os.environ, self.config.values["secret_variables"]))
+        # Every text the agent gives a tool passes fleet.inputs, which checks and redacts it as
+        # it does the agent's `fleet close --reason`; the journal's lines are redacted again.
+        self.redact = inputs.redactor() or Redactor()
         self.asked: set[str] = set()
         self._changed = asyncio.Event()
         self._inotify: object = None
@@ -246,7 +247,6 @@ class Asker:
         ctx: Context | None,
     ) -> str:
         qkind, text, opts = questions.check_question(kind, text, options, multi_select)
-        text, opts = self.redact(text), tuple(self.redact(o) for o in opts)
         timeout = self.config.get_int("question_timeout_seconds")
         expires = iso(time.time() + timeout)
         q = self.store.ask(self.task_id, qkind, text, opts, multi_select, expires)
@@ -300,20 +300,18 @@ class Asker:
     def notify(self, message: str) -> str:
         from fleet import alerts
 
-        message = message.strip()
-        if not message:
-            raise InputError("the message is empty")
+        message = inputs.text("message", message, inputs.MAX_REASON, required=True)
         task = self.store.get(self.task_id)
         self._entry(f"notice: {message}", task.attempts, FLEET_EVENT="notice")
         alerts.fire(self.paths, self.config, "notice", f"{task.id}: {message}", task=task)
         return "Sent. Carry on; this does not wait for a reply."
 
     def close(self, summary: str) -> str:
-        task = self.store.close_task(self.task_id, summary.strip() or None)
+        task = self.store.close_task(self.task_id, inputs.reason(summary, "summary") or None)
         return f"{task.id} is now done. End your turn with a short final message."
 
     def block(self, reason: str) -> str:
-        reason = reason.strip()
+        reason = inputs.reason(reason)
         if not reason:
             raise InputError("give the reason a person needs in order to unblock the task")
         task = self.store.block(self.task_id, reason)
@@ -323,7 +321,7 @@ class Asker:
     def checkpoint(self, summary: str) -> str:
         from fleet import checkpoints
 
-        text = self.redact(checkpoints.check_summary(summary))
+        text = checkpoints.check_summary(summary)
         cp = checkpoints.take(self.store, self.task_id, "agent", text)
         where = f"your work in progress is at {cp.ref}" if cp.ref else f"no git ref ({cp.note})"
         return f"Checkpoint {cp.n} recorded; {where}. Carry on with the task."
@@ -336,15 +334,15 @@ class Asker:
         model: str | None,
         depends: bool,
     ) -> str:
-        from fleet import inputs, lineage, wake
+        from fleet import lineage, wake
 
         parent = self.store.get(self.task_id)
         if coder:
             self.config.check_coder(inputs.name("coder", coder))
         spec = lineage.subtask(
             parent,
-            self.redact(inputs.title(title)),
-            self.redact(inputs.free_text("description", description)),
+            inputs.title(title),
+            inputs.free_text("description", description),
             coder or None,
             inputs.name("model", model) if model else None,
             depends,
@@ -362,9 +360,7 @@ class Asker:
     def handoff(self, coder: str, model: str | None, context: str) -> str:
         from fleet import lineage, wake
 
-        successor = lineage.handoff(
-            self.store, self.config, self.task_id, coder, model, self.redact(context)
-        )
+        successor = lineage.handoff(self.store, self.config, self.task_id, coder, model, context)
         # This attempt is over: its runner stops the agent, and fleet-reap finds the task
         # handed off, which counts as nothing. The successor is claimed only once this
         # attempt has ended (and its work is on the branch); the poke is for other work.

@@ -34,7 +34,9 @@ def kill(app: App, task_ids: tuple[str, ...], no_block: bool) -> None:
 @pass_app
 def pause(app: App, reason: str | None) -> None:
     """Stop starting new tasks; running tasks go on."""
-    app.store.set_gate("pause", None, reason)
+    from fleet import inputs
+
+    app.store.set_gate("pause", None, inputs.reason(reason) or None if reason else None)
 
 
 @cli.command()
