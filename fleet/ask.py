@@ -364,7 +364,7 @@ class Asker:
         # This attempt is over: its runner stops the agent, and fleet-reap finds the task
         # handed off, which counts as nothing. The successor is claimed only once this
         # attempt has ended (and its work is on the branch); the poke is for other work.
-        (self.directory / taskdir.KILL).touch()
+        taskdir.ring(self.directory, taskdir.KILL)
         wake.poke(self.paths)
         return f"Handed off to {successor.id} ({coder}). Stop working now: this attempt ends."
 

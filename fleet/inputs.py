@@ -225,6 +225,15 @@ def reason(value: str, field: str = "reason") -> str:
     return text(field, value, MAX_REASON)
 
 
+def tamed(value: str, limit: int = MAX_REASON) -> str:
+    """Text fleet must take as it comes (a coder's last error, as the reason an attempt
+    failed): clipped to `limit` characters, its control characters spelled as escapes."""
+    from fleet.output import for_terminal
+
+    value = for_terminal(value, lines=True)
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
 def by(text: str) -> str:
     """Who answers (`fleet answer --by`): one line."""
     return one_line("--by name", text, MAX_BY)

@@ -107,7 +107,7 @@ def run(task_id: str) -> int:
     Notifier().send(watchdog=1, watchdog_usec=GIT_GRACE_USEC, extend_timeout_usec=GIT_GRACE_USEC)
     kind, line = settle(task_id, ended)
     sys.stdout.write(line + "\n")
-    (directory / (taskdir.SETTLED + invocation)).touch()
+    taskdir.ring(directory, taskdir.SETTLED + invocation)
     return code
 
 

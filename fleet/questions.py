@@ -8,7 +8,6 @@ yes or no, and the text the agent receives is built here and nowhere else.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -23,11 +22,11 @@ SENTINEL = ".question"  # rung in the task's directory whenever its questions ch
 
 
 def ring(task_dir: Path) -> None:
-    """Announce a change of the task's questions: open the sentinel for writing and close it,
-    which inotify reports as IN_CLOSE_WRITE (and IN_CREATE the first time)."""
-    # No directory means nobody waits there.
-    with contextlib.suppress(OSError), open(task_dir / SENTINEL, "ab"):
-        pass
+    """Announce a change of the task's questions on the sentinel (fleet.taskdir.ring: inotify
+    reports IN_CREATE or IN_CLOSE_WRITE). No directory means nobody waits there."""
+    from fleet import taskdir
+
+    taskdir.ring(task_dir, SENTINEL)
 
 
 def not_pending(q: Question) -> Conflict:

@@ -146,4 +146,4 @@ def _stop(app: App, task_id: str, block: bool) -> None:
         return
     directory = taskdir.task_dir(app.paths, task_id)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (directory / taskdir.KILL).touch()
+    taskdir.ring(directory, taskdir.KILL)
