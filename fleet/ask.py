@@ -170,9 +170,14 @@ class Asker:
     def _entry(self, text: str, attempt: int, **fields: Value) -> None:
         text = self.redact(text)
         if self.journal is None:
+            from fleet.eventlog import EventLog
             from fleet.output import emit_text
+            from fleet.timeutil import now_iso
 
             emit_text(f"fleet-ask: {text}", err=True)
+            # An attempt by hand: its transcript is the task's event log (see fleet logs).
+            record = {"time": now_iso(), "message": text, "attempt": attempt}
+            EventLog(self.directory).append({**record, "event": fields.get("FLEET_EVENT")})
             return
         with contextlib.suppress(OSError):
             self.journal.send(
