@@ -16,9 +16,9 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 # Imported here, not in server(): the SDK reads the tools' (string) annotations in this
 # module's namespace to build their schemas and to find the Context parameter.
@@ -27,6 +27,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from fleet import inputs, questions, taskdir
+from fleet.asktools import TOOLS
 from fleet.errors import FleetError, InputError
 from fleet.events import MSG_ANSWER, MSG_QUESTION
 from fleet.journal import Journal, Value
@@ -36,6 +37,7 @@ from fleet.redact import Redactor
 from fleet.store import Actor, Store, open_store
 from fleet.timeutil import iso
 
+F = TypeVar("F", bound=Callable[..., Any])
 PROGRESS_EVERY = 15.0  # OpenCode's default tool timeout is 60 s; each notification resets it
 
 INSTRUCTIONS = """\
@@ -46,78 +48,6 @@ the work is finished call task_done; when you cannot go on without a person call
 Record a checkpoint (with a summary a fresh session could continue from) at milestones.
 Split off independent parts with spawn_subtask; hand the task to another coder or model with
 handoff when it is better suited.
-"""
-
-ASK = """\
-Ask the person responsible for this task a question, and wait for the answer (possibly hours).
-
-Use it only when you cannot reasonably decide yourself: requirements that contradict each
-other, a destructive or irreversible action (deleting data, force-pushing, migrations), money,
-credentials you do not have, or a choice between approaches that the person clearly cares
-about. Do not ask for permission to do what the task already asks of you.
-
-A good question stands on its own, because the person may read it hours later without your
-context: say what you are doing, what exactly you need decided, and what you would do by
-default. Kinds:
-- "input": a free-text answer.
-- "choice": the person picks from `options` (2 to 26 short, distinct strings); with
-  multi_select true they may pick several.
-- "approval": the person approves or denies what you describe, maybe with a comment.
-
-The result says what the person answered. If no answer arrives in time the question expires
-and the result says so: then go on with the most cautious choice, or call task_blocked.
-"""
-
-NOTIFY = """\
-Tell the person something without waiting for a reply: a milestone, a finding they should
-know now, or a heads-up about something that will need them later. Do not use it for questions
-(use ask_human) or for a final summary (use task_done).
-"""
-
-DONE = """\
-Mark this task as done, with a short summary of what you did and how you checked it. Call it
-once, when the work is complete and verified; then end your turn. Equivalent to running
-`fleet close $FLEET_TASK_ID --reason SUMMARY` in the shell.
-"""
-
-BLOCKED = """\
-Mark this task as blocked: you cannot finish it without a person (missing access, a decision
-nobody answered, a failure outside your control). Give the reason a person needs in order to
-unblock it; then end your turn. Equivalent to `fleet block $FLEET_TASK_ID --reason REASON`.
-"""
-
-
-CHECKPOINT = """\
-Record a checkpoint of this task: fleet saves your work in progress in git (a ref of its own;
-your files, branch and staging area stay exactly as they are), your session, and the summary
-you give. If the task is suspended, or restarted in a fresh context, the next session starts
-from the newest checkpoint: a fresh one sees only your summary, so make it complete.
-
-Call it after a milestone, before a long or risky step, and when your context is getting long.
-The summary should say what is done (and verified), what is in progress and how far, the
-decisions you made and why, what you learned that is not written down anywhere else, and the
-next concrete steps. It does not end your turn: carry on with the work.
-"""
-
-
-SPAWN = """\
-Add a subtask of this task to fleet's queue: another agent works on it, in the same directory
-(and the same kind of git isolation) unless you say otherwise. Give it a title and a
-description complete on their own: its agent sees nothing of your context. `coder` and `model`
-choose who runs it (default: the queue's default coder).
-
-With depends true, this task waits for its subtasks: finish your turn after adding them (do
-not call task_done); fleet runs them, then starts this task again, and the new prompt lists
-each subtask's status and summary. With depends false the subtask runs on its own.
-"""
-
-HANDOFF = """\
-Hand this task over to another coder (and model), e.g. one better suited to what is left.
-fleet accepts only a coder that is configured and installed here; then it adds a successor
-task with the same title and description, whose prompt carries your `context` and the
-summary of your latest checkpoint, and this attempt is stopped at once. Record a checkpoint
-first, and say in `context` what is done and what is left. If fleet refuses, the result says
-why and you carry on.
 """
 
 
@@ -393,8 +323,15 @@ def for_the_agent() -> Iterator[None]:
 
 def server(asker: Asker) -> MCPServer:
     app = MCPServer("fleet", instructions=INSTRUCTIONS)
+    served: list[str] = []
 
-    @app.tool(description=ASK, structured_output=False)
+    def tool(func: F) -> F:
+        """Serve `func` as the tool of its name, with the registry's description."""
+        app.tool(description=TOOLS[func.__name__].description, structured_output=False)(func)
+        served.append(func.__name__)
+        return func
+
+    @tool
     async def ask_human(
         question: Annotated[str, Field(description="The question, complete on its own.")],
         ctx: Context,
@@ -412,28 +349,28 @@ def server(asker: Asker) -> MCPServer:
         with for_the_agent():
             return await asker.ask(question, kind, options, multi_select, ctx)
 
-    @app.tool(description=NOTIFY, structured_output=False)
+    @tool
     def notify_human(
         message: Annotated[str, Field(description="What the person should know.")],
     ) -> str:
         with for_the_agent():
             return asker.notify(message)
 
-    @app.tool(description=DONE, structured_output=False)
+    @tool
     def task_done(
         summary: Annotated[str, Field(description="What was done and how it was checked.")],
     ) -> str:
         with for_the_agent():
             return asker.close(summary)
 
-    @app.tool(description=BLOCKED, structured_output=False)
+    @tool
     def task_blocked(
         reason: Annotated[str, Field(description="What a person must do to unblock it.")],
     ) -> str:
         with for_the_agent():
             return asker.block(reason)
 
-    @app.tool(description=CHECKPOINT, structured_output=False)
+    @tool
     def checkpoint(
         summary: Annotated[
             str,
@@ -443,7 +380,7 @@ def server(asker: Asker) -> MCPServer:
         with for_the_agent():
             return asker.checkpoint(summary)
 
-    @app.tool(description=SPAWN, structured_output=False)
+    @tool
     def spawn_subtask(
         title: Annotated[str, Field(description="One line: what the subtask is to do.")],
         description: Annotated[
@@ -460,7 +397,7 @@ def server(asker: Asker) -> MCPServer:
         with for_the_agent():
             return asker.spawn(title, description, coder, model, depends)
 
-    @app.tool(description=HANDOFF, structured_output=False)
+    @tool
     def handoff(
         coder: Annotated[str, Field(description="The coder to take the task over.")],
         context: Annotated[
@@ -471,6 +408,8 @@ def server(asker: Asker) -> MCPServer:
         with for_the_agent():
             return asker.handoff(coder, model, context)
 
+    if sorted(served) != sorted(TOOLS):
+        raise RuntimeError(f"fleet-ask serves {served}, but fleet.asktools declares {[*TOOLS]}")
     return app
 
 
