@@ -215,6 +215,14 @@ def journal(rows: Sequence[Row], program: str) -> None:
     rows = [r for r in rows if r.action in ACTIONS]
     if not rows or not os.path.exists(SOCKET):
         return
+    if agent_task() is not None:
+        # journald records our command line with each entry: an agent's may quote a secret.
+        from fleet.inputs import redactor
+        from fleet.redact import scrub_command_line
+
+        redact = redactor()
+        if redact is not None:
+            scrub_command_line(redact)
     sink = Journal()
     try:
         for row in rows:

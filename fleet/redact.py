@@ -164,3 +164,33 @@ class Redactor:
                 if revealed != plain:
                     return revealed
         return self._masked(text)
+
+
+def scrub_command_line(redact: Redactor) -> None:
+    """Redact this process's own command line in place: what /proc/PID/cmdline, ps(1) and
+    journald (the _CMDLINE of every entry the process sends) show of it.
+
+    An agent's `fleet block ID --reason TEXT` holds TEXT there, secrets and all, however
+    carefully fleet treats the TEXT it stores. The arguments are rewritten in the memory the
+    kernel shows them from (stat(5): arg_start, arg_end), as setproctitle does; CPython keeps
+    its own copy, so nothing else changes. Best effort: where that cannot be read, nothing is
+    done.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48 and 49, counted from pid
+        with open("/proc/self/cmdline", "rb") as f:
+            shown = f.read()
+    except (OSError, ValueError, IndexError):
+        return
+    args = shown.split(b"\0")[:-1] if shown.endswith(b"\0") else shown.split(b"\0")
+    plain = [a.decode("utf-8", "surrogateescape") for a in args]
+    masked = [redact(a) for a in plain]
+    if masked == plain or end <= start:
+        return
+    new = b"\0".join(a.encode("utf-8", "surrogateescape") for a in masked)
+    new = new[: end - start - 1].ljust(end - start, b"\0")
+    import ctypes
+
+    ctypes.memmove(start, new, len(new))
