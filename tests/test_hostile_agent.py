@@ -551,6 +551,34 @@ def test_an_agent_that_blocks_its_task_and_exits_zero_ends_as_blocked(
     assert [a["outcome"] for a in shown["attempt_log"]] == ["blocked"]
 
 
+def test_a_coders_last_words_become_a_reason_clipped_and_escaped(
+    fleet: Fleet, project: Path
+) -> None:
+    """The reason of a failed attempt is the coder's last error, which fleet cannot refuse:
+    it is kept with its control characters spelled out, and clipped like a reason."""
+    words = "\x1b[2Jboom \x9b31m " + "y" * 20_000
+    (project / "s.jsonl").write_text(
+        json.dumps({"event": "error", "text": words}) + "\n" + json.dumps({"exit": 1}) + "\n"
+    )
+    task_id = fleet.add("t", "--coder", "replay", "-d", "s.jsonl")
+    done = fleet_run(task_id, project)
+    reason = fleet.show(task_id)["reason"]
+    assert reason.startswith("failure: \\x1b[2Jboom \\x9b31m yyy"), reason[:80]
+    assert len(reason) <= len("failure: ") + 10_000 and reason.endswith("…")
+    nowhere(readable_by_hand(fleet), (*RAW, "y" * 10_001))
+    nowhere([done.stderr], RAW)  # the runner's own lines in the terminal
+
+
+def readable_by_hand(fleet: Fleet, *more: str) -> list[str]:
+    """What a person reads of every task, beside the texts given (no hook here)."""
+    texts = list(more)
+    for task in json.loads(fleet.ok("ls", "--all", "--json")):
+        texts += [fleet.ok("show", task["id"]), fleet.ok("history", task["id"])]
+        texts += strings(json.loads(fleet.ok("show", task["id"], "--json")))
+        texts += strings(json.loads(fleet.ok("history", task["id"], "--json")))
+    return texts
+
+
 # ---------------------------------------------------------------------- batches
 
 
