@@ -414,6 +414,18 @@ def test_what_a_person_types_keeps_being_checked(
     assert fleet.show(task_id)["reason"] is None
 
 
+@pytest.mark.parametrize("command", ["show", "answer"])
+def test_completions_show_titles_and_questions_escaped(fleet: Fleet, command: str) -> None:
+    """zsh and fish show each candidate's help beside what the person types."""
+    with_question(ESCAPES) if command == "answer" else stored(title=TITLE)
+    env = {**os.environ, "_FLEET_COMPLETE": "zsh_complete", "COMP_WORDS": f"fleet {command} "}
+    done = subprocess.run(
+        [fleet_exe()], env={**env, "COMP_CWORD": "2"}, capture_output=True, text=True, check=True
+    )
+    assert "\\x9b" in done.stdout or "\\x1b" in done.stdout, done.stdout
+    nowhere([done.stdout], RAW)
+
+
 def test_fleet_ask_writes_an_answer_to_its_standard_error_escaped(
     fleet: Fleet, tmp_path: Path
 ) -> None:

@@ -49,9 +49,11 @@ class QuestionRef(click.ParamType[str]):
                 store.close()
         except FleetError:
             return []
+        from fleet.output import for_terminal
+
         typed = incomplete.strip().lower()
         return [
-            CompletionItem(ref, help=shorten(questions.for_person(q), 60))
+            CompletionItem(ref, help=for_terminal(shorten(questions.for_person(q), 60)))
             for q in waiting
             for ref in (q.id, q.task)
             if ref.startswith(typed)
