@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from fleet.config import Config
     from fleet.model import Task
     from fleet.paths import Paths
+    from fleet.redact import Redactor
 
 MAX_TEXT = 4000  # characters of the message and of each extra text (a question, say)
 SPOOL = "alerts"  # FLEET_HOME/alerts/: one file per event, removed by its delivery process
@@ -130,15 +131,20 @@ def clip(text: str) -> str:
 
 
 def make_event(
-    kind: str, message: str, task: Task | None = None, /, **extra: object
+    kind: str,
+    message: str,
+    task: Task | None = None,
+    redact: Redactor | None = None,
+    /,
+    **extra: object,
 ) -> dict[str, Any]:
     """The event object that every notifier receives (the extras may use any name, `kind`
-    included, but not those of the fixed keys)."""
+    included, but not those of the fixed keys); `redact` by default masks token shapes."""
     from fleet.host import owner
     from fleet.redact import Redactor
     from fleet.timeutil import now_iso
 
-    redact = Redactor()
+    redact = redact or Redactor()
 
     def text(value: str | None) -> str | None:
         return None if value is None else clip(redact(value))
@@ -180,7 +186,11 @@ def fire(
         notifiers = Notifiers.from_config(config)
         if not notifiers.any:
             return
-        obj = make_event(event, message, task, **extra)
+        from fleet.redact import Redactor, configured
+
+        # What agents wrote was redacted when it came in; this is the second net.
+        redact = Redactor(configured(config.values))
+        obj = make_event(event, message, task, redact, **extra)
         _start(paths, notifiers, obj, _spool(paths, notifiers, obj))
     except Exception as e:  # whatever it is, the caller must go on
         log(f'cannot start delivering the "{event}" notification: {_why(e)}', task=task_id)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import click
 
+from fleet.asktools import listing
+
 _SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -59,15 +61,20 @@ def reap(task_id: str) -> None:
     programs.reap(task_id)
 
 
-@click.command("fleet-ask", context_settings=_SETTINGS)
-def ask() -> None:
-    """Serve the agent's tools for task $FLEET_TASK_ID as an MCP server on standard input and
-    output: ask_human (ask a person and wait for the answer), notify_human, task_done,
-    task_blocked and checkpoint (the work in progress, session and a summary to resume from).
+_ASK_HELP = f"""Serve the agent's tools for task $FLEET_TASK_ID as an MCP server on standard input
+and output.
 
-    fleet-run configures every coder to start it; it is not meant to be run by hand, except by
-    an MCP client (for example an MCP inspector) with FLEET_TASK_ID of a running task.
-    """
+{listing()}
+
+Every text an agent gives them passes the checks and the redaction of what fleet takes in
+(as `fleet close --reason` from the agent's shell does). fleet-run configures every coder to
+start it; it is not meant to be run by hand, except by an MCP client (for example an MCP
+inspector) with FLEET_TASK_ID of a running task.
+"""
+
+
+@click.command("fleet-ask", context_settings=_SETTINGS, help=_ASK_HELP)
+def ask() -> None:
     from fleet import programs
 
     programs.ask()

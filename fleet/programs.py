@@ -76,7 +76,9 @@ def run(task_id: str) -> int:
     if not invocation:  # by hand: nobody else will reap it
         kind, line = settle(task_id)
         if kind:
-            sys.stderr.write(f"fleet-run: {line}\n")
+            from fleet.output import emit_text
+
+            emit_text(f"fleet-run: {line}", err=True)
         return code
     # Under systemd, an attempt that ended on its own is settled here, sparing each task the
     # start-up of fleet-reap; the marker tells ExecStopPost so. A runner that is killed (OOM,
@@ -105,7 +107,7 @@ def run(task_id: str) -> int:
     Notifier().send(watchdog=1, watchdog_usec=GIT_GRACE_USEC, extend_timeout_usec=GIT_GRACE_USEC)
     kind, line = settle(task_id, ended)
     sys.stdout.write(line + "\n")
-    (directory / (taskdir.SETTLED + invocation)).touch()
+    taskdir.ring(directory, taskdir.SETTLED + invocation)
     return code
 
 

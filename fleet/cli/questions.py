@@ -49,9 +49,11 @@ class QuestionRef(click.ParamType[str]):
                 store.close()
         except FleetError:
             return []
+        from fleet.output import for_terminal
+
         typed = incomplete.strip().lower()
         return [
-            CompletionItem(ref, help=shorten(questions.for_person(q), 60))
+            CompletionItem(ref, help=for_terminal(shorten(questions.for_person(q), 60)))
             for q in waiting
             for ref in (q.id, q.task)
             if ref.startswith(typed)
@@ -155,6 +157,20 @@ def _target(app: App, ref: str) -> Question:
     return pending[0]
 
 
+def refuse_agents() -> None:
+    """An agent's answer would reach an agent as a person's decision: refuse it."""
+    from fleet.audit import agent_task
+    from fleet.errors import FleetError
+
+    task = agent_task()
+    if task is not None:
+        raise FleetError(
+            f"an agent cannot answer questions (this runs as the agent of {task})",
+            hint="a question waits for a person, who has been notified; a person's shell"
+            " has no FLEET_TASK_ID",
+        )
+
+
 @cli.command("answer")
 @click.argument("ref", metavar="ID", type=QuestionRef())
 @click.argument("text", required=False)
@@ -186,14 +202,20 @@ def answer(
     TEXT is the answer to a free-text question, or a comment with --choice, --approve or
     --deny (`-` reads it from standard input). The first answer wins: a later one fails with
     exit status 4 and says who answered. The agent receives the answer at once.
+
+    Only a person answers: run by an agent (FLEET_TASK_ID is set, or the command runs inside a
+    fleet-task@ unit) it is refused with exit status 1 and changes nothing, so that no agent is
+    ever told that a person decided what it decided itself.
     """
-    from fleet import questions
+    from fleet import inputs, questions
     from fleet.audit import person
 
+    refuse_agents()
+    who = inputs.by(by) if by is not None else person()
     if text == "-":
         text = sys.stdin.read()
     q = _target(app, ref)
-    done = questions.give(app.paths, app.store, q, Reply(by or person(), text, choices, approved))
+    done = questions.give(app.paths, app.store, q, Reply(who, text, choices, approved))
     if as_json:
         emit_object(done.to_json())
     else:

@@ -16,7 +16,15 @@ import click
 from fleet.cli.app import TASK, App, cli, pass_app
 from fleet.errors import Conflict
 from fleet.model import Checkpoint, Status
-from fleet.output import emit_object, emit_objects, emit_table, fmt_of, output_options, shorten
+from fleet.output import (
+    emit_object,
+    emit_objects,
+    emit_table,
+    emit_text,
+    fmt_of,
+    output_options,
+    shorten,
+)
 
 summary_option = click.option(
     "-s",
@@ -39,7 +47,7 @@ def _said(cp: Checkpoint) -> None:
     """The checkpoint's number on standard output; a missing ref said on standard error."""
     sys.stdout.write(f"{cp.n}\n")
     if cp.ref is None:
-        sys.stderr.write(f"fleet: checkpoint {cp.n} of {cp.task} has no git ref: {cp.note}\n")
+        emit_text(f"fleet: checkpoint {cp.n} of {cp.task} has no git ref: {cp.note}", err=True)
 
 
 @cli.command()
@@ -138,4 +146,4 @@ def _stop(app: App, task_id: str, block: bool) -> None:
         return
     directory = taskdir.task_dir(app.paths, task_id)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (directory / taskdir.KILL).touch()
+    taskdir.ring(directory, taskdir.KILL)
