@@ -8,9 +8,13 @@ systemd unit the delivery process is a transient unit of its own, so it outlives
 fired (fleet-reap runs as ExecStopPost, and whatever is left in the unit's cgroup is killed
 when it exits); elsewhere it is a detached child in a session of its own. The delivery process
 runs each notifier independently and bounded in time: the command hook (`notify_command`), the
-webhook (`notify_webhook`, retried) and a desktop notification (`notify-send`). Every failure,
-whether starting the delivery or of one notifier, is logged as one line (to the journal under
-journald, else on standard error) and swallowed; the delivery process always exits 0.
+webhook (`notify_webhook`, retried), each apprise URL (`notify_urls`, retried like the webhook),
+Telegram (`telegram_chats`: spooled in the store by `fire` itself, so a message that cannot be
+sent now is sent by a later delivery or by fleet-telegram; see fleet.telegram.outbox) and a
+desktop notification (`notify-send`).
+Every failure, whether starting the delivery or of one notifier, is logged as one line (to the
+journal under journald, else on standard error) and swallowed; the delivery process always
+exits 0. `undelivered` counts what waits in the spool.
 
 The event is a JSON object: event, time, message, host, task, title, status, reason, and the
 extra keys of the event (`question`, `kind`, `options`, `tasks`, `outcome`, …). Texts are
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
     from fleet.config import Config
     from fleet.model import Task
     from fleet.paths import Paths
+    from fleet.redact import Redactor
 
 MAX_TEXT = 4000  # characters of the message and of each extra text (a question, say)
 SPOOL = "alerts"  # FLEET_HOME/alerts/: one file per event, removed by its delivery process
@@ -45,33 +50,62 @@ IDENTIFIER = "fleet-notify"
 
 class Notifiers(NamedTuple):
     """The notifiers to run, as resolved by the process that fires (its configuration, its
-    environment), so that the delivery process needs neither."""
+    environment), so that the delivery process needs neither (the Telegram token aside,
+    which it reads itself from where `telegram_token_file` says, never from here)."""
 
     command: str
     webhook: str
     desktop: bool
     timeout: int
     retries: int
+    urls: tuple[str, ...] = ()
+    telegram_chats: tuple[int, ...] = ()
+    telegram_api: str = ""
+    telegram_token_file: str = ""
+    telegram_credential: bool = False
 
     @classmethod
     def from_config(cls, config: Config) -> Notifiers:
+        from fleet.telegram.token import configured
+
         desktop = config.get_bool("notify_desktop") and desktop_available()
+        telegram = configured(config)
         return cls(
             config.get_str("notify_command").strip(),
             config.get_str("notify_webhook").strip(),
             desktop,
             config.get_int("notify_timeout_seconds"),
             config.get_int("notify_retries"),
+            tuple(u.strip() for u in config.values["notify_urls"] if u.strip()),
+            tuple(config.values["telegram_chats"]) if telegram else (),
+            config.get_str("telegram_api_url") if telegram else "",
+            os.path.expanduser(config.get_str("telegram_token_file").strip()) if telegram else "",
+            config.get_bool("telegram_credential") if telegram else False,
+        )
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Notifiers:
+        found = cls(**obj)
+        return found._replace(
+            urls=tuple(found.urls), telegram_chats=tuple(int(c) for c in found.telegram_chats)
         )
 
     @property
     def any(self) -> bool:
-        return bool(self.command or self.webhook or self.desktop)
+        return bool(self.command or self.webhook or self.desktop or self.urls or self.telegram)
+
+    @property
+    def telegram(self) -> bool:
+        return bool(self.telegram_chats)
+
+    def tried(self) -> float:
+        """Seconds one retried notifier (webhook, URL, Telegram send) may take, all tries."""
+        return (self.retries + 1) * self.timeout + sum(pause(i) for i in range(self.retries))
 
     def bound(self) -> float:
         """Seconds the whole delivery may take: the slowest notifier, all its tries counted."""
-        webhook = (self.retries + 1) * self.timeout + sum(pause(i) for i in range(self.retries))
-        return max(self.timeout + KILL_GRACE, webhook if self.webhook else 0.0)
+        retried = self.webhook or self.urls or self.telegram
+        return max(self.timeout + KILL_GRACE, self.tried() if retried else 0.0)
 
 
 def desktop_available(env: Mapping[str, str] | None = None) -> bool:
@@ -97,15 +131,20 @@ def clip(text: str) -> str:
 
 
 def make_event(
-    kind: str, message: str, task: Task | None = None, /, **extra: object
+    kind: str,
+    message: str,
+    task: Task | None = None,
+    redact: Redactor | None = None,
+    /,
+    **extra: object,
 ) -> dict[str, Any]:
     """The event object that every notifier receives (the extras may use any name, `kind`
-    included, but not those of the fixed keys)."""
+    included, but not those of the fixed keys); `redact` by default masks token shapes."""
     from fleet.host import owner
     from fleet.redact import Redactor
     from fleet.timeutil import now_iso
 
-    redact = Redactor()
+    redact = redact or Redactor()
 
     def text(value: str | None) -> str | None:
         return None if value is None else clip(redact(value))
@@ -138,7 +177,7 @@ def fire(
 ) -> None:
     """Notify a person of `event`, if any notifier is configured; never blocks, never raises.
 
-    Costs three configuration look-ups and at most a PATH search when nothing is configured;
+    Costs a few configuration look-ups and at most a PATH search when nothing is configured;
     otherwise one small file and one short process (systemd-run under a unit, else the shell
     that detaches the delivery).
     """
@@ -147,9 +186,30 @@ def fire(
         notifiers = Notifiers.from_config(config)
         if not notifiers.any:
             return
-        _start(paths, notifiers, make_event(event, message, task, **extra))
+        from fleet.redact import Redactor, configured
+
+        # What agents wrote was redacted when it came in; this is the second net.
+        redact = Redactor(configured(config.values))
+        obj = make_event(event, message, task, redact, **extra)
+        _start(paths, notifiers, obj, _spool(paths, notifiers, obj))
     except Exception as e:  # whatever it is, the caller must go on
         log(f'cannot start delivering the "{event}" notification: {_why(e)}', task=task_id)
+
+
+def _spool(paths: Paths, notifiers: Notifiers, obj: Mapping[str, Any]) -> list[int] | None:
+    """Telegram's messages, spooled in the store here and now (one short transaction): they
+    are then kept whatever becomes of the delivery, and a running fleet-telegram, woken by the
+    commit, may send them before the delivery process has started. None if that failed (the
+    delivery process tries again)."""
+    if not notifiers.telegram:
+        return None
+    from fleet.telegram import delivery
+
+    try:
+        return [m.id for m in delivery.spool_event(str(paths.home), obj, notifiers.telegram_chats)]
+    except Exception as e:
+        log(f"telegram: cannot spool the notification yet: {_why(e)}", task=obj.get("task"))
+        return None
 
 
 def _why(e: BaseException) -> str:
@@ -162,13 +222,20 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _start(paths: Paths, notifiers: Notifiers, obj: Mapping[str, Any]) -> None:
+def _start(
+    paths: Paths, notifiers: Notifiers, obj: Mapping[str, Any], spooled: list[int] | None
+) -> None:
     import secrets
 
     from fleet.fsutil import write_atomic
     from fleet.paths import ensure_dir
 
-    payload = {"event": obj, "notifiers": notifiers._asdict()}
+    payload = {
+        "event": obj,
+        "notifiers": notifiers._asdict(),
+        "home": str(paths.home),
+        "spooled": spooled,
+    }
     spool = ensure_dir(paths.home / SPOOL) / f"{secrets.token_hex(8)}.json"
     write_atomic(spool, json.dumps(payload, default=str).encode(), durable=False)
     argv = [sys.executable, "-m", "fleet.alerts", str(spool)]
@@ -208,6 +275,10 @@ def _transient(
         f"--setenv=FLEET_HOME={paths.home}",
         f"--setenv=FLEET_SCOPE={scope}",
     ]
+    if notifiers.telegram_credential and scope == "system":
+        from fleet.telegram.token import CREDENTIAL
+
+        options.append(f"--property=LoadCredential={CREDENTIAL}:{notifiers.telegram_token_file}")
     if notifiers.desktop and os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
         options.append(
             f"--setenv=DBUS_SESSION_BUS_ADDRESS={os.environ['DBUS_SESSION_BUS_ADDRESS']}"
@@ -300,8 +371,15 @@ def log(text: str, *, task: str | None = None, notifier: str | None = None) -> N
 # ---------------------------------------------------------------------- the delivery process
 
 
-def deliver(obj: Mapping[str, Any], notifiers: Notifiers) -> None:
-    """Run every configured notifier at once, each bounded; log those that fail."""
+def deliver(
+    obj: Mapping[str, Any],
+    notifiers: Notifiers,
+    home: str | None = None,
+    spooled: Sequence[int] | None = None,
+) -> None:
+    """Run every configured notifier at once, each bounded; log those that fail. Telegram's
+    messages are the outbox rows `spooled` (by `fire`), or else are spooled in the store of
+    `home` (default: FLEET_HOME) before anything runs."""
     import threading
     import time
 
@@ -309,6 +387,14 @@ def deliver(obj: Mapping[str, Any], notifiers: Notifiers) -> None:
     task = obj.get("task")
     what = f'the "{obj.get("event")}" notification' + (f" for {task}" if task else "")
     jobs: list[tuple[str, Any]] = []
+    bound = notifiers.bound()
+    deadline = time.monotonic() + bound
+    if notifiers.telegram:
+        telegram = _telegram_job(obj, notifiers, home, spooled, deadline - KILL_GRACE, what)
+        if telegram is not None:
+            jobs.append(("telegram", telegram))
+    for url in notifiers.urls:
+        jobs.append((f"notify_urls ({_shown(url)})", _url_job(url, obj, notifiers)))
     if notifiers.command:
         jobs.append(
             ("notify_command", lambda: run_command(notifiers.command, obj, body, notifiers.timeout))
@@ -334,12 +420,63 @@ def deliver(obj: Mapping[str, Any], notifiers: Notifiers) -> None:
     threads = [threading.Thread(target=one, args=job, daemon=True) for job in jobs]
     for thread in threads:
         thread.start()
-    bound = notifiers.bound()
-    deadline = time.monotonic() + bound
     for (name, _), thread in zip(jobs, threads, strict=True):
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             log(f"{name} did not deliver {what}: gave up after {bound:g} s", task=task)
+
+
+def _url_job(url: str, obj: Mapping[str, Any], notifiers: Notifiers) -> Any:
+    def job() -> str | None:
+        from fleet import notify_urls
+
+        return notify_urls.send(url, obj, notifiers.timeout, notifiers.retries)
+
+    return job
+
+
+def _shown(url: str) -> str:
+    from fleet import notify_urls
+
+    return notify_urls.shown(url)
+
+
+def _telegram_job(
+    obj: Mapping[str, Any],
+    notifiers: Notifiers,
+    home: str | None,
+    spooled: Sequence[int] | None,
+    deadline: float,
+    what: str,
+) -> Any:
+    """The job that sends the event's spooled messages and whatever else is due; the event
+    is spooled for every chat first if `fire` did not (None, logged, if it cannot be)."""
+    from fleet.telegram import delivery
+
+    ids = list(spooled) if spooled is not None else None
+    if ids is None:
+        try:
+            ids = [m.id for m in delivery.spool_event(home, obj, notifiers.telegram_chats)]
+        except Exception as e:
+            task = obj.get("task")
+            log(f"telegram cannot spool {what}: {_why(e)}", task=task, notifier="telegram")
+            return None
+
+    def job() -> str | None:
+        return delivery.send(home, notifiers, ids, deadline)
+
+    return job
+
+
+def undelivered(paths: Paths) -> int:
+    """How many notifications wait in the spool (Telegram messages not sent yet)."""
+    from fleet.store import Actor, open_store
+
+    store = open_store(paths, Actor("fleet", "fleet"))
+    try:
+        return store.spooled()
+    finally:
+        store.close()
 
 
 def _site(url: str) -> str:
@@ -529,11 +666,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 path.unlink(missing_ok=True)
         obj = data["event"]
-        notifiers = Notifiers(**data["notifiers"])
+        notifiers = Notifiers.from_json(data["notifiers"])
+        home = data.get("home")
+        spooled = data.get("spooled")
+        ids = [int(i) for i in spooled] if isinstance(spooled, list) else None
     except (OSError, ValueError, KeyError, TypeError) as e:
         log(f"cannot read the notification {args[0]}: {_why(e)}")
         return 0
-    deliver(obj, notifiers)
+    deliver(obj, notifiers, home if isinstance(home, str) else None, ids)
     return 0
 
 

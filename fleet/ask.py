@@ -16,9 +16,9 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 # Imported here, not in server(): the SDK reads the tools' (string) annotations in this
 # module's namespace to build their schemas and to find the Context parameter.
@@ -26,17 +26,18 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from fleet import questions, taskdir
+from fleet import inputs, questions, taskdir
+from fleet.asktools import TOOLS
 from fleet.errors import FleetError, InputError
 from fleet.events import MSG_ANSWER, MSG_QUESTION
-from fleet.fsutil import touch
 from fleet.journal import Journal, Value
 from fleet.model import Question, QuestionStatus, Status
 from fleet.paths import Paths, ensure_dir, resolve
-from fleet.redact import Redactor, secret_values
+from fleet.redact import Redactor
 from fleet.store import Actor, Store, open_store
 from fleet.timeutil import iso
 
+F = TypeVar("F", bound=Callable[..., Any])
 PROGRESS_EVERY = 15.0  # OpenCode's default tool timeout is 60 s; each notification resets it
 
 INSTRUCTIONS = """\
@@ -47,78 +48,6 @@ the work is finished call task_done; when you cannot go on without a person call
 Record a checkpoint (with a summary a fresh session could continue from) at milestones.
 Split off independent parts with spawn_subtask; hand the task to another coder or model with
 handoff when it is better suited.
-"""
-
-ASK = """\
-Ask the person responsible for this task a question, and wait for the answer (possibly hours).
-
-Use it only when you cannot reasonably decide yourself: requirements that contradict each
-other, a destructive or irreversible action (deleting data, force-pushing, migrations), money,
-credentials you do not have, or a choice between approaches that the person clearly cares
-about. Do not ask for permission to do what the task already asks of you.
-
-A good question stands on its own, because the person may read it hours later without your
-context: say what you are doing, what exactly you need decided, and what you would do by
-default. Kinds:
-- "input": a free-text answer.
-- "choice": the person picks from `options` (2 to 26 short, distinct strings); with
-  multi_select true they may pick several.
-- "approval": the person approves or denies what you describe, maybe with a comment.
-
-The result says what the person answered. If no answer arrives in time the question expires
-and the result says so: then go on with the most cautious choice, or call task_blocked.
-"""
-
-NOTIFY = """\
-Tell the person something without waiting for a reply: a milestone, a finding they should
-know now, or a heads-up about something that will need them later. Do not use it for questions
-(use ask_human) or for a final summary (use task_done).
-"""
-
-DONE = """\
-Mark this task as done, with a short summary of what you did and how you checked it. Call it
-once, when the work is complete and verified; then end your turn. Equivalent to running
-`fleet close $FLEET_TASK_ID --reason SUMMARY` in the shell.
-"""
-
-BLOCKED = """\
-Mark this task as blocked: you cannot finish it without a person (missing access, a decision
-nobody answered, a failure outside your control). Give the reason a person needs in order to
-unblock it; then end your turn. Equivalent to `fleet block $FLEET_TASK_ID --reason REASON`.
-"""
-
-
-CHECKPOINT = """\
-Record a checkpoint of this task: fleet saves your work in progress in git (a ref of its own;
-your files, branch and staging area stay exactly as they are), your session, and the summary
-you give. If the task is suspended, or restarted in a fresh context, the next session starts
-from the newest checkpoint: a fresh one sees only your summary, so make it complete.
-
-Call it after a milestone, before a long or risky step, and when your context is getting long.
-The summary should say what is done (and verified), what is in progress and how far, the
-decisions you made and why, what you learned that is not written down anywhere else, and the
-next concrete steps. It does not end your turn: carry on with the work.
-"""
-
-
-SPAWN = """\
-Add a subtask of this task to fleet's queue: another agent works on it, in the same directory
-(and the same kind of git isolation) unless you say otherwise. Give it a title and a
-description complete on their own: its agent sees nothing of your context. `coder` and `model`
-choose who runs it (default: the queue's default coder).
-
-With depends true, this task waits for its subtasks: finish your turn after adding them (do
-not call task_done); fleet runs them, then starts this task again, and the new prompt lists
-each subtask's status and summary. With depends false the subtask runs on its own.
-"""
-
-HANDOFF = """\
-Hand this task over to another coder (and model), e.g. one better suited to what is left.
-fleet accepts only a coder that is configured and installed here; then it adds a successor
-task with the same title and description, whose prompt carries your `context` and the
-summary of your latest checkpoint, and this attempt is stopped at once. Record a checkpoint
-first, and say in `context` what is done and what is left. If fleet refuses, the result says
-why and you carry on.
 """
 
 
@@ -144,8 +73,9 @@ class Asker:
         self.directory = taskdir.task_dir(paths, self.task_id)
         ensure_dir(self.directory)
         self.journal = Journal() if in_task_unit() else None
-        # What the agent writes may quote a secret it saw: redact before storing or showing it.
-        self.redact = Redactor(secret_values(os.environ, self.config.values["secret_variables"]))
+        # Every text the agent gives a tool passes fleet.inputs, which checks and redacts it as
+        # it does the agent's `fleet close --reason`; the journal's lines are redacted again.
+        self.redact = inputs.redactor() or Redactor()
         self.asked: set[str] = set()
         self._changed = asyncio.Event()
         self._inotify: object = None
@@ -170,9 +100,14 @@ class Asker:
     def _entry(self, text: str, attempt: int, **fields: Value) -> None:
         text = self.redact(text)
         if self.journal is None:
-            import sys
+            from fleet.eventlog import EventLog
+            from fleet.output import emit_text
+            from fleet.timeutil import now_iso
 
-            sys.stderr.write(f"fleet-ask: {text}\n")
+            emit_text(f"fleet-ask: {text}", err=True)
+            # An attempt by hand: its transcript is the task's event log (see fleet logs).
+            record = {"time": now_iso(), "message": text, "attempt": attempt}
+            EventLog(self.directory).append({**record, "event": fields.get("FLEET_EVENT")})
             return
         with contextlib.suppress(OSError):
             self.journal.send(
@@ -247,7 +182,6 @@ class Asker:
         ctx: Context | None,
     ) -> str:
         qkind, text, opts = questions.check_question(kind, text, options, multi_select)
-        text, opts = self.redact(text), tuple(self.redact(o) for o in opts)
         timeout = self.config.get_int("question_timeout_seconds")
         expires = iso(time.time() + timeout)
         q = self.store.ask(self.task_id, qkind, text, opts, multi_select, expires)
@@ -301,20 +235,18 @@ class Asker:
     def notify(self, message: str) -> str:
         from fleet import alerts
 
-        message = message.strip()
-        if not message:
-            raise InputError("the message is empty")
+        message = inputs.text("message", message, inputs.MAX_REASON, required=True)
         task = self.store.get(self.task_id)
         self._entry(f"notice: {message}", task.attempts, FLEET_EVENT="notice")
         alerts.fire(self.paths, self.config, "notice", f"{task.id}: {message}", task=task)
         return "Sent. Carry on; this does not wait for a reply."
 
     def close(self, summary: str) -> str:
-        task = self.store.close_task(self.task_id, summary.strip() or None)
+        task = self.store.close_task(self.task_id, inputs.reason(summary, "summary") or None)
         return f"{task.id} is now done. End your turn with a short final message."
 
     def block(self, reason: str) -> str:
-        reason = reason.strip()
+        reason = inputs.reason(reason)
         if not reason:
             raise InputError("give the reason a person needs in order to unblock the task")
         task = self.store.block(self.task_id, reason)
@@ -324,7 +256,7 @@ class Asker:
     def checkpoint(self, summary: str) -> str:
         from fleet import checkpoints
 
-        text = self.redact(checkpoints.check_summary(summary))
+        text = checkpoints.check_summary(summary)
         cp = checkpoints.take(self.store, self.task_id, "agent", text)
         where = f"your work in progress is at {cp.ref}" if cp.ref else f"no git ref ({cp.note})"
         return f"Checkpoint {cp.n} recorded; {where}. Carry on with the task."
@@ -337,15 +269,15 @@ class Asker:
         model: str | None,
         depends: bool,
     ) -> str:
-        from fleet import inputs, lineage, wake
+        from fleet import lineage, wake
 
         parent = self.store.get(self.task_id)
         if coder:
             self.config.check_coder(inputs.name("coder", coder))
         spec = lineage.subtask(
             parent,
-            self.redact(inputs.title(title)),
-            self.redact(inputs.free_text("description", description)),
+            inputs.title(title),
+            inputs.free_text("description", description),
             coder or None,
             inputs.name("model", model) if model else None,
             depends,
@@ -363,13 +295,11 @@ class Asker:
     def handoff(self, coder: str, model: str | None, context: str) -> str:
         from fleet import lineage, wake
 
-        successor = lineage.handoff(
-            self.store, self.config, self.task_id, coder, model, self.redact(context)
-        )
+        successor = lineage.handoff(self.store, self.config, self.task_id, coder, model, context)
         # This attempt is over: its runner stops the agent, and fleet-reap finds the task
         # handed off, which counts as nothing. The successor is claimed only once this
         # attempt has ended (and its work is on the branch); the poke is for other work.
-        touch(self.directory / taskdir.KILL)
+        taskdir.ring(self.directory, taskdir.KILL)
         wake.poke(self.paths)
         return f"Handed off to {successor.id} ({coder}). Stop working now: this attempt ends."
 
@@ -393,8 +323,15 @@ def for_the_agent() -> Iterator[None]:
 
 def server(asker: Asker) -> MCPServer:
     app = MCPServer("fleet", instructions=INSTRUCTIONS)
+    served: list[str] = []
 
-    @app.tool(description=ASK, structured_output=False)
+    def tool(func: F) -> F:
+        """Serve `func` as the tool of its name, with the registry's description."""
+        app.tool(description=TOOLS[func.__name__].description, structured_output=False)(func)
+        served.append(func.__name__)
+        return func
+
+    @tool
     async def ask_human(
         question: Annotated[str, Field(description="The question, complete on its own.")],
         ctx: Context,
@@ -412,28 +349,28 @@ def server(asker: Asker) -> MCPServer:
         with for_the_agent():
             return await asker.ask(question, kind, options, multi_select, ctx)
 
-    @app.tool(description=NOTIFY, structured_output=False)
+    @tool
     def notify_human(
         message: Annotated[str, Field(description="What the person should know.")],
     ) -> str:
         with for_the_agent():
             return asker.notify(message)
 
-    @app.tool(description=DONE, structured_output=False)
+    @tool
     def task_done(
         summary: Annotated[str, Field(description="What was done and how it was checked.")],
     ) -> str:
         with for_the_agent():
             return asker.close(summary)
 
-    @app.tool(description=BLOCKED, structured_output=False)
+    @tool
     def task_blocked(
         reason: Annotated[str, Field(description="What a person must do to unblock it.")],
     ) -> str:
         with for_the_agent():
             return asker.block(reason)
 
-    @app.tool(description=CHECKPOINT, structured_output=False)
+    @tool
     def checkpoint(
         summary: Annotated[
             str,
@@ -443,7 +380,7 @@ def server(asker: Asker) -> MCPServer:
         with for_the_agent():
             return asker.checkpoint(summary)
 
-    @app.tool(description=SPAWN, structured_output=False)
+    @tool
     def spawn_subtask(
         title: Annotated[str, Field(description="One line: what the subtask is to do.")],
         description: Annotated[
@@ -460,7 +397,7 @@ def server(asker: Asker) -> MCPServer:
         with for_the_agent():
             return asker.spawn(title, description, coder, model, depends)
 
-    @app.tool(description=HANDOFF, structured_output=False)
+    @tool
     def handoff(
         coder: Annotated[str, Field(description="The coder to take the task over.")],
         context: Annotated[
@@ -471,6 +408,8 @@ def server(asker: Asker) -> MCPServer:
         with for_the_agent():
             return asker.handoff(coder, model, context)
 
+    if sorted(served) != sorted(TOOLS):
+        raise RuntimeError(f"fleet-ask serves {served}, but fleet.asktools declares {[*TOOLS]}")
     return app
 
 

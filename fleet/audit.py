@@ -215,6 +215,14 @@ def journal(rows: Sequence[Row], program: str) -> None:
     rows = [r for r in rows if r.action in ACTIONS]
     if not rows or not os.path.exists(SOCKET):
         return
+    if agent_task() is not None:
+        # journald records our command line with each entry: an agent's may quote a secret.
+        from fleet.inputs import redactor
+        from fleet.redact import scrub_command_line
+
+        redact = redactor()
+        if redact is not None:
+            scrub_command_line(redact)
     sink = Journal()
     try:
         for row in rows:
@@ -247,7 +255,28 @@ def person() -> str:
     return f"{user}@{socket.gethostname() or 'localhost'}"
 
 
+def agent_task() -> str | None:
+    """The task whose agent runs this process, or None for a person (or a script of theirs).
+
+    fleet-run gives the coder FLEET_TASK_ID, and with it every tool the agent starts; under
+    systemd an agent that drops the variable is still in its unit's cgroup, which names the
+    task (fleet-task@ID.service).
+    """
+    task = os.environ.get("FLEET_TASK_ID")
+    if task:
+        return task
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as f:
+            groups = f.read()
+    except OSError:
+        return None
+    start = groups.find("/fleet-task@")
+    if start < 0:
+        return None
+    unit = groups[start + len("/fleet-task@") :].split("\n", 1)[0].split("/", 1)[0]
+    return unit.removesuffix(".service") or None
+
+
 def who() -> str:
-    """Who runs `fleet` here: the agent of a task (fleet-run gives its coder FLEET_TASK_ID),
-    else the person."""
-    return "agent" if os.environ.get("FLEET_TASK_ID") else person()
+    """Who runs `fleet` here: the agent of a task (see agent_task), else the person."""
+    return "agent" if agent_task() else person()

@@ -21,14 +21,15 @@ MAX_SUMMARY = 20_000  # characters; a summary is read by a model at the start of
 
 
 def check_summary(summary: str) -> str:
-    summary = summary.strip()
+    """The summary as fleet.inputs checks (and, an agent's, redacts) all free text."""
+    from fleet import inputs
+
+    summary = inputs.text("summary", summary, MAX_SUMMARY)
     if not summary:
         raise InputError(
             "the checkpoint summary is empty",
             hint="say where the work stands and what comes next",
         )
-    if len(summary) > MAX_SUMMARY:
-        raise InputError(f"the summary has {len(summary)} characters; at most {MAX_SUMMARY}")
     return summary
 
 

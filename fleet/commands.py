@@ -1,4 +1,5 @@
-"""The command lines of the per-task programs: fleet-claim, fleet-run, fleet-reap, fleet-ask.
+"""The command lines of fleet's programs: fleet-claim, fleet-run, fleet-reap, fleet-ask (per
+task) and fleet-telegram (the Telegram bot's unit).
 
 These click commands are their help, their man pages, and the parser of any invocation the
 fast path in fleet.programs does not recognise; what the programs do is in fleet.programs.
@@ -7,6 +8,8 @@ fast path in fleet.programs does not recognise; what the programs do is in fleet
 from __future__ import annotations
 
 import click
+
+from fleet.asktools import listing
 
 _SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -58,18 +61,41 @@ def reap(task_id: str) -> None:
     programs.reap(task_id)
 
 
-@click.command("fleet-ask", context_settings=_SETTINGS)
-def ask() -> None:
-    """Serve the agent's tools for task $FLEET_TASK_ID as an MCP server on standard input and
-    output: ask_human (ask a person and wait for the answer), notify_human, task_done,
-    task_blocked and checkpoint (the work in progress, session and a summary to resume from).
+_ASK_HELP = f"""Serve the agent's tools for task $FLEET_TASK_ID as an MCP server on standard input
+and output.
 
-    fleet-run configures every coder to start it; it is not meant to be run by hand, except by
-    an MCP client (for example an MCP inspector) with FLEET_TASK_ID of a running task.
-    """
+{listing()}
+
+Every text an agent gives them passes the checks and the redaction of what fleet takes in
+(as `fleet close --reason` from the agent's shell does). fleet-run configures every coder to
+start it; it is not meant to be run by hand, except by an MCP client (for example an MCP
+inspector) with FLEET_TASK_ID of a running task.
+"""
+
+
+@click.command("fleet-ask", context_settings=_SETTINGS, help=_ASK_HELP)
+def ask() -> None:
     from fleet import programs
 
     programs.ask()
+
+
+@click.command("fleet-telegram", context_settings=_SETTINGS)
+def telegram() -> None:
+    """Serve the Telegram bot: long-poll its updates and act on them, and send the
+    notifications the outbox holds.
+
+    fleet-telegram.service runs it (`fleet setup --telegram`). Messages from the chats in
+    telegram_chats (and users in telegram_users, when set) answer questions, by reply or with
+    the buttons, and run the commands /status, /tasks, /task, /new, /answer, /kill, /retry,
+    /pause, /resume and /help; anyone else gets no answer and a journal line. The update
+    offset lives in the store, so a restart neither loses nor repeats an update; the
+    configuration is read again every cycle. One poller per bot, on any number of hosts:
+    a second one exits with status 75 and says which poller holds the bot.
+    """
+    from fleet import programs
+
+    programs.telegram()
 
 
 PROGRAMS: dict[str, click.Command] = {
@@ -77,4 +103,5 @@ PROGRAMS: dict[str, click.Command] = {
     "fleet-run": run_cmd,
     "fleet-reap": reap,
     "fleet-ask": ask,
+    "fleet-telegram": telegram,
 }

@@ -410,6 +410,43 @@ def files() -> list[str]:
     return rows
 
 
+def agents_and_text() -> list[str]:
+    """What fleet takes in, from people and from agents, and how it prints text for people."""
+    from fleet import eventlog, inputs
+    from fleet.reap import OUTCOMES
+
+    paragraphs = [
+        "Text fleet takes in (titles, descriptions, reasons, labels, coder and model names,"
+        " questions and their options, answers, `--by`) passes the same checks whoever writes"
+        f" it: valid UTF-8, within its size (a title {inputs.MAX_TITLE} characters, a reason"
+        f" {inputs.MAX_REASON:,}, a description 1 MiB) and without the characters a terminal"
+        " acts on: C0 controls (free text keeps tabs and line breaks), DEL, the C1 controls"
+        " U+0080 to U+009F, and the bidirectional marks U+202A to U+202E and U+2066 to U+2069."
+        " Before, a description took anything but NUL and a reason anything at all, and"
+        " titles, labels and names took C1 controls and bidirectional marks: such input is"
+        " now refused with exit status 2.",
+        "What an agent writes (a process with FLEET_TASK_ID set, or in a fleet-task@ unit):"
+        " `fleet close` and `fleet block --reason` from its shell, and every text it gives"
+        " fleet-ask's tools, is also redacted before anything keeps or sends it: token shapes"
+        " and the values of secret variables (of the agent's environments and of the"
+        " `[coders.NAME] env` tables, named like secrets or listed in secret_variables). An"
+        " agent cannot answer questions: `fleet answer` run by one is refused.",
+        "Text printed for people (tables, `fleet show`, `fleet logs`, `fleet tree`, errors)"
+        " has each of those characters spelled as an escape, such as \\x1b, \\x9b or"
+        " \\u202e, so that it is shown and never acted on. JSON output (--json, --nl) is"
+        " exact.",
+        "An attempt ends as one of: " + ", ".join(OUTCOMES) + ". An attempt whose task was"
+        " blocked while it ran (by its agent's `fleet block` or task_blocked, usually) and"
+        " that then ended by itself is `blocked`: the block stands and it counts neither as"
+        " a failure nor as an attempt that did not close its task.",
+        "An attempt run by hand outside journald (`fleet-run ID` in a terminal) keeps its"
+        " events in the task's directory, events.jsonl (at most twice"
+        f" {eventlog.MAX_BYTES >> 20} MiB, the older half in events.old.jsonl), where `fleet"
+        " logs` reads them.",
+    ]
+    return [macro("SH", "AGENTS AND TEXT"), *_joined([prose(p) for p in paragraphs], ".PP")]
+
+
 _JSON_TYPES = {
     "text": "string",
     "int": "integer",
@@ -473,6 +510,7 @@ def fleet_page() -> str:
         exit_status(),
         environment(),
         files(),
+        agents_and_text(),
         json_output(root),
         see_also([*pages, *((n, "1") for n in PROGRAMS), ("fleet.toml", "5"), *SYSTEMD_PAGES]),
     )
@@ -546,6 +584,7 @@ _KINDS = {
     "str": "string",
     "bool": "true or false",
     "list": "list of strings",
+    "ids": "list of integers",
     "table": "table of strings",
     "sizes": "table of positive integers",
 }

@@ -74,12 +74,15 @@ def os_error(e: OSError) -> FleetError:
 
 
 def report(prog: str, error: FleetError) -> int:
-    """Print `prog: error: …` (and `prog: hint: …`) on stderr; the exit status to use."""
+    """Print `prog: error: …` (and `prog: hint: …`) on stderr, each one line whatever text they
+    quote (fleet.output escapes it); the exit status to use."""
     import sys
 
-    sys.stderr.write(f"{prog}: error: {error.message}\n")
+    from fleet.output import for_terminal
+
+    sys.stderr.write(f"{prog}: error: {for_terminal(error.message)}\n")
     if error.hint:
-        sys.stderr.write(f"{prog}: hint: {error.hint}\n")
+        sys.stderr.write(f"{prog}: hint: {for_terminal(error.hint)}\n")
     return error.exit_code
 
 

@@ -3,7 +3,8 @@
 Invariant: every event passes through `Sink.emit` exactly once and is redacted there, before it
 is written anywhere. Under journald each event is one entry with a readable MESSAGE (so that
 `journalctl -u fleet-task@ID` reads as a transcript) and FLEET_* fields; in a terminal it is one
-JSON object per line (without the raw line) in the shape the replay coder reads back.
+JSON object per line (without the raw line) in the shape the replay coder reads back, and, when
+the Sink has an event log (fleet.eventlog), a record of `fleet logs` there.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from fleet.coders.base import Event, Kind
+from fleet.eventlog import EventLog
 from fleet.journal import Journal, Value, encode
 from fleet.redact import Redactor
+from fleet.timeutil import now_iso
 
 MAX_MESSAGE = 64 << 10
 # Event attributes written when set: as FLEET_<NAME> journal fields, or JSON keys.
@@ -66,10 +69,17 @@ def message(event: Event) -> str:
 
 
 class Sink:
-    def __init__(self, ctx: Context, redact: Redactor, journal: Journal | None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        redact: Redactor,
+        journal: Journal | None,
+        log: EventLog | None = None,
+    ) -> None:
         self.ctx = ctx
         self.redact = redact
         self.journal = journal
+        self.log = log  # off journald: where `fleet logs` finds the events
         self.count = 0
         self._raw: tuple[str, str] = ("", "")  # the last raw line and its redacted form
         # Per event kind, the encoded fields its entries share (ctx is fixed for a Sink's life).
@@ -109,6 +119,9 @@ class Sink:
                 obj["is_error"] = True
             sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
             sys.stdout.flush()
+            if self.log is not None:
+                extra = {k: v for k, v in obj.items() if k in OPTIONAL}
+                self._record(str(event.kind), msg, extra)
             return
         fields: dict[str, Value] = {"MESSAGE": msg, "FLEET_SEQ": self.count}
         for name, field in _JOURNAL_NAMES:
@@ -123,7 +136,10 @@ class Sink:
         """An entry about the attempt itself (started, ended: explained by the catalog under
         their MESSAGE_ID; a note such as the worktree used has none)."""
         if self.journal is None:
-            sys.stderr.write(f"fleet-run: {text}\n")
+            from fleet.output import emit_text
+
+            emit_text(f"fleet-run: {text}", err=True)
+            self._record("lifecycle", text)
             return
         self.journal.send(
             {
@@ -138,3 +154,19 @@ class Sink:
                 **extra,
             }
         )
+
+    def _record(self, kind: str, text: str, extra: Mapping[str, object] = {}) -> None:
+        """The entry as `fleet logs` shows it, in the event log (if there is one)."""
+        if self.log is None:
+            return
+        record: dict[str, object] = {
+            "time": now_iso(),
+            "message": text,
+            "attempt": self.ctx.attempt,
+            "event": kind,
+            **extra,
+            "coder": self.ctx.coder,
+        }
+        if self.ctx.model:
+            record["model"] = self.ctx.model
+        self.log.append(record)

@@ -83,9 +83,7 @@ def handoff(
 
     coder = inputs.name("coder", coder)
     model = inputs.name("model", model) if model else None
-    context = (context or "").strip() or None
-    if context and len(context) > MAX_CONTEXT:
-        raise InputError(f"the context has {len(context)} characters; at most {MAX_CONTEXT}")
+    context = inputs.text("context", context or "", MAX_CONTEXT) or None
     if coder not in config.coders:
         raise InputError(
             f"handoff refused: no coder {coder!r} is configured",

@@ -8,6 +8,7 @@ becomes a FleetError with the program's own last line of stderr.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
@@ -55,23 +56,29 @@ def run(
     return result
 
 
-def stream(argv: Sequence[str]) -> Iterator[str]:
-    """The lines a long-running program prints (journalctl -f), until it exits or we stop."""
+@contextlib.contextmanager
+def reading(argv: Sequence[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A long-running program (journalctl -f) whose standard output the caller reads as it
+    comes, stopped when the block ends."""
     try:
         proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            env=child_env(),
-            text=True,
-            errors="replace",
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=child_env()
         )
     except FileNotFoundError:
         raise FleetError(f"{argv[0]} is not installed or not on PATH") from None
-    assert proc.stdout is not None
     try:
-        yield from proc.stdout
+        yield proc
     finally:
         if proc.poll() is None:
             proc.terminate()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def stream(argv: Sequence[str]) -> Iterator[str]:
+    """The lines a long-running program prints (journalctl -f), until it exits or we stop."""
+    with reading(argv) as proc:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            yield raw.decode("utf-8", "replace")

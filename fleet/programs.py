@@ -76,7 +76,9 @@ def run(task_id: str) -> int:
     if not invocation:  # by hand: nobody else will reap it
         kind, line = settle(task_id)
         if kind:
-            sys.stderr.write(f"fleet-run: {line}\n")
+            from fleet.output import emit_text
+
+            emit_text(f"fleet-run: {line}", err=True)
         return code
     # Under systemd, an attempt that ended on its own is settled here, sparing each task the
     # start-up of fleet-reap; the marker tells ExecStopPost so. A runner that is killed (OOM,
@@ -105,9 +107,7 @@ def run(task_id: str) -> int:
     Notifier().send(watchdog=1, watchdog_usec=GIT_GRACE_USEC, extend_timeout_usec=GIT_GRACE_USEC)
     kind, line = settle(task_id, ended)
     sys.stdout.write(line + "\n")
-    from fleet.fsutil import touch
-
-    touch(directory / (taskdir.SETTLED + invocation))
+    taskdir.ring(directory, taskdir.SETTLED + invocation)
     return code
 
 
@@ -124,6 +124,12 @@ def ask() -> None:
     serve()
 
 
+def telegram() -> None:
+    from fleet.telegram.poller import main as poll
+
+    poll()
+
+
 def _fast(prog: str, argv: Sequence[str]) -> Callable[[], object] | None:
     """The common invocations, or None for anything click should parse."""
     if prog in ("fleet-run", "fleet-reap") and len(argv) == 1 and not argv[0].startswith("-"):
@@ -132,6 +138,8 @@ def _fast(prog: str, argv: Sequence[str]) -> Callable[[], object] | None:
         return lambda: claim(bool(argv))
     if prog == "fleet-ask" and not argv:
         return ask
+    if prog == "fleet-telegram" and not argv:
+        return telegram
     return None
 
 
@@ -160,3 +168,7 @@ def reap_main() -> int:
 
 def ask_main() -> int:
     return main("fleet-ask")
+
+
+def telegram_main() -> int:
+    return main("fleet-telegram")

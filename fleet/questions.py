@@ -3,18 +3,23 @@ the agent receives back.
 
 Invariant: the store only ever records an answer that `resolve` accepted for its question, so a
 choice answer names existing options (exactly one unless multi_select), an approval answer is a
-yes or no, and the text the agent receives is built here and nowhere else.
+yes or no, and the text the agent receives is built here and nowhere else. Every answer, from
+`fleet answer` or from Telegram, goes through `give`: checked, committed (the first answer
+wins), then announced to the waiting agent.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from fleet.errors import Conflict, InputError
 from fleet.model import Question, QuestionKind, QuestionStatus, Reply
+
+if TYPE_CHECKING:
+    from fleet.paths import Paths
+    from fleet.store.base import Store
 
 MAX_TEXT = 8000  # characters of a question or an answer; a longer one is refused, not cut
 MAX_OPTIONS = 26
@@ -23,13 +28,11 @@ SENTINEL = ".question"  # rung in the task's directory whenever its questions ch
 
 
 def ring(task_dir: Path) -> None:
-    """Announce a change of the task's questions: open the sentinel for writing and close it,
-    which inotify reports as IN_CLOSE_WRITE (and IN_CREATE the first time)."""
-    # No directory means nobody waits there.
-    from fleet.fsutil import touch  # here: every listing imports this module, few ring
+    """Announce a change of the task's questions on the sentinel (fleet.taskdir.ring: inotify
+    reports IN_CREATE or IN_CLOSE_WRITE). No directory means nobody waits there."""
+    from fleet import taskdir
 
-    with contextlib.suppress(OSError):
-        touch(task_dir / SENTINEL)
+    taskdir.ring(task_dir, SENTINEL)
 
 
 def not_pending(q: Question) -> Conflict:
@@ -40,6 +43,22 @@ def not_pending(q: Question) -> Conflict:
             hint="the first answer wins; the agent has already received it",
         )
     return Conflict(f"{q.id} is {q.status} and takes no answer any more")
+
+
+def give(paths: Paths, store: Store, q: Question, reply: Reply) -> Question:
+    """Answer `q` with `reply`: checked against the question, committed if it is still
+    pending (Conflict saying who answered first otherwise), and the agent woken. Returns the
+    answered question."""
+    from fleet import taskdir
+
+    if q.status != QuestionStatus.PENDING:
+        raise not_pending(q)
+    resolved = resolve(q, reply)
+    done = store.answer(
+        q.id, reply.by, resolved.answer, resolved.choices, resolved.approved, resolved.comment
+    )
+    ring(taskdir.task_dir(paths, q.task))
+    return done
 
 
 class Resolved(NamedTuple):
@@ -54,16 +73,15 @@ class Resolved(NamedTuple):
 def check_question(
     kind: str, text: str, options: Sequence[str] | None, multi_select: bool
 ) -> tuple[QuestionKind, str, tuple[str, ...]]:
-    """The question as the store keeps it; InputError (its message goes back to the agent)."""
+    """The question as the store keeps it, checked (and redacted) by fleet.inputs as all the
+    agent's text is; InputError (its message goes back to the agent)."""
+    from fleet import inputs
+
     try:
         qkind = QuestionKind(kind)
     except ValueError:
         raise InputError(f"kind must be input, choice or approval, not {kind!r}") from None
-    text = text.strip()
-    if not text:
-        raise InputError("the question is empty")
-    if len(text) > MAX_TEXT:
-        raise InputError(f"the question is {len(text)} characters long; keep it under {MAX_TEXT}")
+    text = inputs.text("question", text, MAX_TEXT, required=True)
     opts = tuple(o.strip() for o in options or ())
     if qkind != QuestionKind.CHOICE:
         if opts:
@@ -77,6 +95,7 @@ def check_question(
         raise InputError(f"a choice question takes at most {MAX_OPTIONS} options")
     if any(not o or len(o) > MAX_OPTION for o in opts):
         raise InputError(f"every option must be 1 to {MAX_OPTION} characters")
+    opts = tuple(inputs.one_line("option", o, MAX_OPTION) for o in opts)
     if len({o.casefold() for o in opts}) != len(opts):
         raise InputError("the options must differ from each other")
     return qkind, text, opts
@@ -96,9 +115,9 @@ def _pick(q: Question, wanted: str) -> str:
 
 def resolve(q: Question, reply: Reply) -> Resolved:
     """Check `reply` against `q`; InputError with a hint when it does not fit."""
-    text = reply.text.strip() if reply.text is not None else None
-    if text is not None and len(text) > MAX_TEXT:
-        raise InputError(f"the answer is {len(text)} characters long; keep it under {MAX_TEXT}")
+    from fleet import inputs
+
+    text = inputs.text("answer", reply.text, MAX_TEXT) if reply.text is not None else None
     if q.kind == QuestionKind.INPUT:
         if reply.choices or reply.approved is not None:
             raise InputError(f"{q.id} asks for text", hint=f"fleet answer {q.id} 'YOUR ANSWER'")

@@ -4,7 +4,8 @@ Run as the unit's ExecStopPost, it reads the runner's outcome file (only if it b
 invocation and attempt), systemd's $SERVICE_RESULT / $EXIT_CODE / $EXIT_STATUS and the cgroup's
 OOM counter. The classification is one of OUTCOMES; the policy maps it to the task's next
 state with the retry and no-close limits. A person's close, block, cancel, suspend or handoff
-during the attempt always stands (a suspended or handed-off attempt counts as nothing), and an
+during the attempt always stands (a suspended or handed-off attempt counts as nothing, and so
+does one that ended on its own after its task was blocked: by its agent, usually), and an
 attempt that ends well but leaves its task waiting for subtasks it spawned is `waiting`: the
 task is ready again without counting, and claimed once they are done. A runner that died without an
 outcome (SIGKILL) could not commit its agent's work in a task's worktree, so that is committed
@@ -25,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from fleet import inputs, taskdir, wake
 from fleet import outcome as outcome_file
-from fleet import taskdir, wake
 from fleet.config import Config
 from fleet.errors import Conflict, FleetError
 from fleet.host import owner
@@ -50,6 +51,7 @@ OUTCOMES = (
     "suspended",  # a person suspended the task: it stays suspended until resumed, no count
     "handed-off",  # the task went to a successor meanwhile: it stays handed-off, no count
     "waiting",  # ended well, waiting for subtasks: ready again once they are done, no count
+    "blocked",  # ended on its own with its task blocked meanwhile (by the agent): no count
 )
 REQUEUED = ("interrupted", "rate-limited", "context-pressure")
 FAILURES = ("failure", "timeout", "oom", "watchdog", "lost")
@@ -137,6 +139,11 @@ def classify(
         if service is not None and service.code in ("killed", "dumped"):
             return "killed", f"the runner was killed by SIG{service.status}"
         return "lost", "the runner ended without recording an outcome"
+    if task.status == Status.BLOCKED and found.verdict in ("success", "failure"):
+        # `fleet block` or task_blocked during the attempt, by its agent (or a person), and
+        # then the agent ended: the block is this attempt's outcome, neither a failure nor
+        # an attempt that forgot to close its task.
+        return "blocked", task.reason or "blocked"
     if found.verdict == "success":
         waits = (*task.waiting_on, *(s for s in spawned if s not in task.waiting_on))
         if task.status == Status.RUNNING and waits:
@@ -165,6 +172,8 @@ def policy(task: Task, kind: str, reason: str, config: Config) -> tuple[Status, 
         return Status.HANDED_OFF, reason
     if kind == "waiting":
         return Status.READY, reason
+    if kind == "blocked":  # `finish` keeps the block and its reason
+        return Status.BLOCKED, reason
     if kind in REQUEUED:
         return Status.READY, f"{kind}: {reason}"
     if kind == "noclose":
@@ -196,6 +205,9 @@ def settle(
         found = None  # an older attempt's file
     if found is not None and found.verdict == "refused":
         return release_refused(paths, store, task, found, service)
+    if found is not None:
+        # Its reason is the coder's last words (redacted by the runner), bound for the store.
+        found = found._replace(reason=inputs.tamed(found.reason))
     if task.claimed_by != owner():
         return None
     kind, reason = classify(task, found, service, spawned_now(store, task))

@@ -17,6 +17,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 MASK = "[REDACTED]"
 _SHAPES = re.compile(
@@ -66,6 +67,49 @@ def secret_values(env: Mapping[str, str] | None = None, names: Iterable[str] = (
         if (k in wanted or _SECRET_NAME.search(k)) and len(v) >= MIN_SECRET
     }
     return sorted(values, key=len, reverse=True)
+
+
+def configured(
+    values: Mapping[str, Any], environments: Iterable[Mapping[str, str]] | None = None
+) -> list[str]:
+    """The secret values a configuration knows of, longest first: those of `environments` (by
+    default ours) and of every `[coders.NAME] env` table, named like secrets or listed in
+    `secret_variables`."""
+    names = tuple(values.get("secret_variables", ()))
+    tables = [v for k, v in values.items() if k.startswith("coders.") and k.endswith(".env")]
+    found: set[str] = set()
+    for env in (*tables, *([os.environ] if environments is None else environments)):
+        found.update(secret_values({str(k): str(v) for k, v in env.items()}, names))
+    return sorted(found, key=len, reverse=True)
+
+
+def agent_environments(depth: int = 32) -> list[dict[str, str]]:
+    """The environments of the agent that runs this process: ours, and the one each ancestor
+    was started with, up to the first that is not part of an agent (it has no FLEET_TASK_ID:
+    fleet-run, or the shell that started it by hand).
+
+    A coder may start its MCP servers and shell tools with a pared-down environment (codex
+    leaves out *_KEY and *_TOKEN variables), but what the coder itself was given holds the
+    secrets its agent may quote. A process that is gone or unreadable ends the walk.
+    """
+    found = [dict(os.environ)]
+    pid = os.getpid()
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                # "pid (comm) state ppid …": the command name may hold spaces and brackets.
+                pid = int(f.read().rpartition(b")")[2].split()[1])
+            if pid <= 1:
+                break
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                items = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            break
+        env = dict(i.decode("utf-8", "replace").partition("=")[::2] for i in items if i)
+        found.append(env)
+        if "FLEET_TASK_ID" not in env:
+            break
+    return found
 
 
 # An escaped backslash, an escaped solidus (\/, which encoders may write for "/", as inside a
@@ -120,3 +164,33 @@ class Redactor:
                 if revealed != plain:
                     return revealed
         return self._masked(text)
+
+
+def scrub_command_line(redact: Redactor) -> None:
+    """Redact this process's own command line in place: what /proc/PID/cmdline, ps(1) and
+    journald (the _CMDLINE of every entry the process sends) show of it.
+
+    An agent's `fleet block ID --reason TEXT` holds TEXT there, secrets and all, however
+    carefully fleet treats the TEXT it stores. The arguments are rewritten in the memory the
+    kernel shows them from (stat(5): arg_start, arg_end), as setproctitle does; CPython keeps
+    its own copy, so nothing else changes. Best effort: where that cannot be read, nothing is
+    done.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48 and 49, counted from pid
+        with open("/proc/self/cmdline", "rb") as f:
+            shown = f.read()
+    except (OSError, ValueError, IndexError):
+        return
+    args = shown.split(b"\0")[:-1] if shown.endswith(b"\0") else shown.split(b"\0")
+    plain = [a.decode("utf-8", "surrogateescape") for a in args]
+    masked = [redact(a) for a in plain]
+    if masked == plain or end <= start:
+        return
+    new = b"\0".join(a.encode("utf-8", "surrogateescape") for a in masked)
+    new = new[: end - start - 1].ljust(end - start, b"\0")
+    import ctypes
+
+    ctypes.memmove(start, new, len(new))

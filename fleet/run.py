@@ -34,6 +34,7 @@ from fleet import (
 from fleet.coders.base import Coder, Event, Kind, RunSpec, Tally, Verdict
 from fleet.config import Config, load
 from fleet.errors import Conflict, FleetError, InputError
+from fleet.eventlog import EventLog
 from fleet.events import MSG_ENDED, MSG_REFUSED, MSG_STARTED, Context, Sink
 from fleet.host import owner
 from fleet.journal import Journal, under_journald
@@ -460,7 +461,8 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     coder_env = dict(config.values.get(f"coders.{coder_name}.env", {}))
     names = config.values["secret_variables"]
     redact = Redactor(secret_values({**os.environ, **coder_env}, names))
-    sink = Sink(ctx, redact, journal)
+    # By hand (no journal), `fleet logs` reads the events from the task's directory instead.
+    sink = Sink(ctx, redact, journal, None if journal else EventLog(directory))
     notifier = Notifier()
     directory, artifacts = taskdir.prepare(paths, task)
 

@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple
 from fleet.errors import ConfigError
 from fleet.model import ISOLATIONS, MERGE_STRATEGIES
 
-Kind = Literal["int", "str", "bool", "list", "table", "sizes"]
+Kind = Literal["int", "str", "bool", "list", "ids", "table", "sizes"]
 
 # The coders fleet knows by name; more are defined by a [coders.NAME] table.
 BUILTIN_CODERS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "command", "replay")
@@ -52,6 +52,8 @@ class Setting(NamedTuple):
             "str": isinstance(value, str),
             "bool": isinstance(value, bool),
             "list": isinstance(value, list) and all(isinstance(v, str) for v in value),
+            "ids": isinstance(value, list)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
             "table": isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
             "sizes": isinstance(value, dict)
             and all(
@@ -64,6 +66,7 @@ class Setting(NamedTuple):
                 "str": "a string",
                 "bool": "true or false",
                 "list": "a list of strings",
+                "ids": "a list of whole numbers",
                 "table": "a table of strings",
                 "sizes": "a table of positive whole numbers",
             }[self.kind]
@@ -110,6 +113,7 @@ class Setting(NamedTuple):
 
         example = {
             "list": '["--flag", "value"]',
+            "ids": "[123456789, -100987654321]",
             "table": '{NAME = "value"}',
             "sizes": '{"model-name" = 200000}',
         }[self.kind]
@@ -311,7 +315,8 @@ SETTINGS: tuple[Setting, ...] = (
         "str",
         "",
         "Shell command run for every notification (a question, a blocked or failed task, a"
-        " finished `fleet wait`), with the event as FLEET_NOTIFY_* variables and JSON on stdin.",
+        " finished `fleet wait`, an agent's notice), with the event as FLEET_NOTIFY_* variables"
+        " and JSON on stdin.",
     ),
     Setting(
         "notify_webhook",
@@ -323,7 +328,8 @@ SETTINGS: tuple[Setting, ...] = (
         "notify_timeout_seconds",
         "int",
         10,
-        "How long one notifier (the command, one webhook request) may take before it is given up.",
+        "How long one notifier (the command, one webhook, apprise or Telegram request) may take"
+        " before it is given up.",
         1,
         600,
     ),
@@ -331,7 +337,8 @@ SETTINGS: tuple[Setting, ...] = (
         "notify_retries",
         "int",
         3,
-        "How many times a failed webhook request is tried again, with growing pauses.",
+        "How many times a failed webhook request, apprise URL or Telegram send is tried again,"
+        " with growing pauses (a Telegram message still unsent then waits in the spool).",
         0,
         10,
     ),
@@ -340,6 +347,70 @@ SETTINGS: tuple[Setting, ...] = (
         "bool",
         True,
         "Show a desktop notification with notify-send, where it is installed.",
+    ),
+    Setting(
+        "notify_urls",
+        "list",
+        [],
+        "Apprise URLs that receive every notification, one service each (slack://, discord://,"
+        " matrix://, ntfy://, mailto://, json://, …; see apprise's documentation), with the"
+        " webhook's timeout and retries.",
+    ),
+    Setting(
+        "telegram_token_file",
+        "str",
+        "",
+        "File holding the Telegram bot token (from @BotFather), alone, mode 0600 or 0400 and"
+        " owned by the user fleet runs as; a file others may read is refused. Empty: no"
+        " Telegram. The token itself is never written in the configuration.",
+    ),
+    Setting(
+        "telegram_credential",
+        "bool",
+        False,
+        "System scope: systemd reads telegram_token_file (which may then be root's alone) and"
+        " hands it to fleet's units as the credential fleet-telegram-token; fleet never opens"
+        " the file itself. Applied by `fleet setup --telegram`.",
+    ),
+    Setting(
+        "telegram_chats",
+        "ids",
+        [],
+        "Telegram chat ids that receive every notification and may command fleet (a person's"
+        " own id for a private chat, a negative id for a group); any other chat is ignored.",
+    ),
+    Setting(
+        "telegram_users",
+        "ids",
+        [],
+        "Telegram user ids that may answer and command fleet in those chats; empty: everyone"
+        " in an allowed chat.",
+    ),
+    Setting(
+        "telegram_api_url",
+        "str",
+        "https://api.telegram.org",
+        "Base URL of the Telegram Bot API (a local Bot API server, or a test's).",
+    ),
+    Setting(
+        "telegram_cwd",
+        "str",
+        "",
+        "Project directory of the tasks that /new adds from Telegram; empty: /new is refused.",
+    ),
+    Setting(
+        "telegram_coder",
+        "str",
+        "",
+        "Coder of the tasks that /new adds from Telegram; empty: default_coder.",
+    ),
+    Setting(
+        "telegram_poll_seconds",
+        "int",
+        30,
+        "How long one getUpdates call of fleet-telegram waits for an update (long polling).",
+        1,
+        50,
     ),
 )
 

@@ -3,11 +3,17 @@
 It holds the prompt of the current attempt, `artifacts/` (PLAN_AND_STATUS.md, KNOWLEDGE.md,
 outputs), the outcome file, and sentinel files such as `.kill` that a person may `touch`.
 Everything is created 0700 and written temp-then-rename.
+
+Sentinels are rung through `ring` alone: created exclusively, or opened when they are there,
+never through a symbolic link nor blocking on a FIFO, since the agent may own this directory
+(`fleet setup --system --run-as USER`) and plant either for a person's command to follow.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from pathlib import Path
 
 from fleet.fsutil import write_atomic
@@ -21,6 +27,29 @@ SETTLED = ".settled-"  # + the invocation id: fleet-run applied the policy itsel
 
 def task_dir(paths: Paths, task_id: str) -> Path:
     return paths.tasks / task_id
+
+
+def ring(directory: Path, name: str) -> bool:
+    """Create the sentinel `name` in `directory`, or open and close it when it is there: a
+    watcher's inotify sees IN_CREATE or IN_CLOSE_WRITE. False (and nothing done) when there is
+    no such directory, or the name holds anything but a regular file (a symlink, a FIFO)."""
+    path = os.path.join(directory, name)
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        try:
+            fd = os.open(path, flags)  # ELOOP for a symlink, ENXIO for a FIFO nobody reads
+        except OSError:
+            return False
+    except OSError:
+        return False
+    try:
+        # Closing a file opened for writing is what inotify reports; a FIFO with a reader, or
+        # a device, is not ours to write to, so nothing is written either way.
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
 
 
 def prepare(paths: Paths, task: Task) -> tuple[Path, Path]:

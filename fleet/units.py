@@ -25,6 +25,7 @@ class Install(NamedTuple):
     paths: Paths
     bindir: Path
     run_as: str | None = None
+    telegram: bool = False  # fleet-telegram.service too
 
 
 def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
@@ -128,7 +129,46 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             f"WantedBy={target}",
         ],
     }
+    if inst.telegram:
+        units[TELEGRAM] = _telegram(inst, config, user, target)
     return {name: STAMP + "\n" + "\n".join(lines) + "\n" for name, lines in units.items()}
+
+
+TELEGRAM = "fleet-telegram.service"
+
+
+def _telegram(inst: Install, config: Config, user: list[str], target: str) -> list[str]:
+    """fleet-telegram.service: the bot's one poller; a refusal (another poller holds the
+    bot, exit status 75) is final, anything else is restarted."""
+    from fleet.telegram.token import CREDENTIAL
+
+    system = inst.scope == "system"
+    network = ["After=network-online.target", "Wants=network-online.target"] if system else []
+    credential = []
+    if system and config.get_bool("telegram_credential"):
+        path = os.path.expanduser(config.get_str("telegram_token_file").strip())
+        credential = [f"LoadCredential={CREDENTIAL}:{path}"]
+    return [
+        "[Unit]",
+        "Description=fleet Telegram bot (answers, commands, notifications)",
+        "Documentation=man:fleet-telegram(1)",
+        *network,
+        "",
+        "[Service]",
+        "Type=notify",
+        "NotifyAccess=main",
+        _environment(inst),
+        *user,
+        *credential,
+        f"ExecStart={inst.bindir}/fleet-telegram",
+        "Restart=on-failure",
+        "RestartSec=5s",
+        "RestartPreventExitStatus=75",
+        "TimeoutStopSec=30",
+        "",
+        "[Install]",
+        f"WantedBy={target}",
+    ]
 
 
 ENABLED = ("fleet-claim.path", "fleet-claim.timer")
@@ -194,5 +234,6 @@ def reference() -> dict[str, str]:
     from fleet.config import defaults
 
     paths = Paths("system", Path("/var/lib/fleet"), Path("/etc/fleet/config.toml"))
-    units = render(Install("system", paths, Path("/usr/bin")), defaults(paths.config_file))
+    install = Install("system", paths, Path("/usr/bin"), telegram=True)
+    units = render(install, defaults(paths.config_file))
     return {**units, CATALOG_FILE: catalog()}

@@ -596,7 +596,7 @@ def test_which_ends_of_an_attempt_notify(project: Path) -> None:
     assert reap.alert_event(running, blocked, "noclose") == "blocked"
     assert reap.alert_event(running, blocked, "killed") is None  # a person stopped it
     assert reap.alert_event(running, ready, "failure") is None  # tried again
-    assert reap.alert_event(blocked, blocked, "success") == "blocked"  # the agent blocked it
+    assert reap.alert_event(blocked, blocked, "blocked") == "blocked"  # the agent blocked it
     assert reap.alert_event(blocked, blocked, "failure") == "blocked"
     assert reap.alert_event(running, running._replace(status=Status.DONE), "success") is None
 
@@ -631,7 +631,7 @@ def test_fleet_run_notifies_a_failure_for_good_and_an_agents_block(
         "task": blocking,
         "status": "blocked",
         "reason": "needs the staging password",
-        "outcome": "success",
+        "outcome": "blocked",  # its agent blocked it, then exited 0
     }
 
 

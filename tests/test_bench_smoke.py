@@ -36,12 +36,29 @@ EXPECTED = (
     r"answer -> ask_human returns: median [\d.]+ ms \(target <= 200 ms",
     r"fleet answer process, start to exit: median [\d.]+ ms \(no target\)",
     r"answer runs: 3 answers to one fleet-ask, one question at a time",
+    r"question asked -> Telegram message sent, by the delivery process alone: median [\d.]+ ms"
+    r" \(target <= 500 ms",
+    r"question asked -> Telegram message sent, fleet-telegram running: median [\d.]+ ms"
+    r" \(target <= 500 ms",
+    r"button press -> ask_human returns: median [\d.]+ ms \(target <= 500 ms",
+    r"telegram runs: 3 questions to one fleet-ask, without and with fleet-telegram",
 )
 
 
 def test_quick_benchmarks_print_every_figure() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.bench", "--quick", "startup", "ls", "add", "claim", "answer"],
+        [
+            sys.executable,
+            "-m",
+            "tests.bench",
+            "--quick",
+            "startup",
+            "ls",
+            "add",
+            "claim",
+            "answer",
+            "telegram",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -343,7 +343,7 @@ def test_bad_questions_are_refused_to_the_agent_and_record_nothing(fleet: Fleet)
         ({"question": "Which?", "kind": "choice", "options": ["a", "A"]}, "differ"),
         ({"question": "   "}, "empty"),
         ({"question": "Sure?", "kind": "approval", "options": ["y", "n"]}, "choice questions"),
-        ({"question": "x" * 9000}, "keep it under"),
+        ({"question": "x" * 9000}, "at most 8,000"),
         ({"question": "Which?", "kind": "essay"}, "kind"),
     ]
 

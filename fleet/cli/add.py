@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
@@ -23,6 +23,19 @@ from fleet.output import emit_object, emit_objects, fmt_of, output_options
 
 # What a batch line's isolation is checked against git for: cwd, isolation, base, merge.
 Isolating = tuple[str, str | None, str | None, str | None]
+
+
+class Defaults(NamedTuple):
+    """What `fleet add --batch` options give every line: a line's own coder, model and
+    priority win over them; its labels and dependencies are added to theirs."""
+
+    cwd: str | None = None
+    coder: str | None = None
+    model: str | None = None
+    priority: int = DEFAULT_PRIORITY
+    labels: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+
 
 BATCH_KEYS = (
     "title",
@@ -96,7 +109,9 @@ MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is
     "--batch",
     metavar="FILE|-",
     help="Add many tasks from a file of JSON lines (keys as the options, parent_waits for"
-    " --parent-waits; `ref` names a task for `after` or `parent` within the batch).",
+    " --parent-waits; `ref` names a task for `after` or `parent` within the batch). --cwd,"
+    " --coder, --model and -p are defaults for the lines that do not give their own; --label"
+    " and --after are added to every line's.",
 )
 @output_options
 @pass_app
@@ -143,7 +158,16 @@ def add(
                 "--isolation, --base and --merge do not apply to --batch",
                 hint="give the keys isolation, base and merge on the batch's lines",
             )
-        specs, lines = read_batch(app, batch, inputs.cwd(cwd) if cwd else None)
+        given = click.get_current_context().get_parameter_source("priority")
+        defaults = Defaults(
+            cwd=inputs.cwd(cwd) if cwd else None,
+            coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
+            model=inputs.name("model", model) if model else None,
+            priority=priority if given != click.core.ParameterSource.DEFAULT else DEFAULT_PRIORITY,
+            labels=tuple(dict.fromkeys(inputs.label(x) for x in labels)),
+            after=tuple(dict.fromkeys(after)),
+        )
+        specs, lines = read_batch(app, batch, defaults)
     else:
         if title is None:
             raise InputError("missing TITLE", hint='fleet add "what to do" --cwd DIR')
@@ -224,7 +248,7 @@ def isolate(
     return isolation, worktree.check_add(cwd, inputs.name("base", base) if base else None)
 
 
-def read_batch(app: App, source: str, default_cwd: str | None) -> tuple[list[TaskSpec], list[int]]:
+def read_batch(app: App, source: str, defaults: Defaults) -> tuple[list[TaskSpec], list[int]]:
     """Parse JSON lines into specs and their line numbers; any bad line rejects the batch."""
     from fleet import inputs
 
@@ -259,13 +283,13 @@ def read_batch(app: App, source: str, default_cwd: str | None) -> tuple[list[Tas
     if not objs:
         raise InputError(f"{name} holds no tasks", hint="give one JSON object per line")
     refs = {o["ref"] for _, o in objs if isinstance(o.get("ref"), str)}
-    default_cwd = default_cwd or inputs.cwd(None)
+    defaults = defaults._replace(cwd=defaults.cwd or inputs.cwd(None))
     cwds: dict[str, str] = {}  # a batch names few directories: check each once
     specs: list[TaskSpec] = []
     checked: dict[Isolating, tuple[str, str | None]] = {}
     for number, obj in objs:
         try:
-            specs.append(_spec(app, obj, refs, default_cwd, cwds, checked, specs))
+            specs.append(_spec(app, obj, refs, defaults, cwds, checked, specs))
         except FleetError as e:
             # Keep the error's class, and with it the exit status (no task: 3, config: 5).
             raise type(e)(f"{name} line {number}: {e.message}", e.hint) from None
@@ -276,7 +300,7 @@ def _spec(
     app: App,
     obj: dict[str, Any],
     refs: set[str],
-    default_cwd: str,
+    defaults: Defaults,
     cwds: dict[str, str],
     checked: dict[Isolating, tuple[str, str | None]],
     earlier: list[TaskSpec],
@@ -305,7 +329,7 @@ def _spec(
     def task_ref(value: str) -> str:
         return f"ref:{value}" if value in refs else app.store.resolve(value)
 
-    priority = obj.get("priority", DEFAULT_PRIORITY)
+    priority = obj.get("priority", defaults.priority)
     if (
         not isinstance(priority, int)
         or isinstance(priority, bool)
@@ -339,7 +363,7 @@ def _spec(
         of = next((s for s in earlier if s.ref == parent_ref[4:]), None)
     elif parent_ref is not None:
         of = app.store.get(parent_ref)
-    fallback = of.cwd if of is not None else default_cwd  # the line's own cwd comes first
+    fallback = of.cwd if of is not None else defaults.cwd or ""  # the line's own cwd first
     directory = cwds[cwd] if cwd is not None else fallback
     if of is not None:
         isolation, base, merge = inherit(of, directory, isolation, base, merge)
@@ -351,11 +375,11 @@ def _spec(
         title=inputs.title(title),
         description=inputs.free_text("description", text("description") or ""),
         cwd=directory,
-        coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
-        model=inputs.name("model", model) if model else None,
+        coder=app.config.check_coder(inputs.name("coder", coder)) if coder else defaults.coder,
+        model=inputs.name("model", model) if model else defaults.model,
         priority=priority,
-        labels=tuple(dict.fromkeys(inputs.label(x) for x in texts("labels"))),
-        after=tuple(dict.fromkeys(task_ref(x) for x in texts("after"))),
+        labels=tuple(dict.fromkeys([*defaults.labels, *map(inputs.label, texts("labels"))])),
+        after=tuple(dict.fromkeys([*defaults.after, *map(task_ref, texts("after"))])),
         parent=parent_ref,
         ref=inputs.name("ref", ref) if ref else None,
         isolation=isolation,

@@ -99,7 +99,10 @@ class TaskRef(click.ParamType[str]):
                 store.close()
         except FleetError:
             return []
-        return [CompletionItem(task_id, help=title) for task_id, title in found]
+        from fleet.output import for_terminal
+
+        # The shell shows these beside what the person types.
+        return [CompletionItem(task_id, help=for_terminal(title)) for task_id, title in found]
 
 
 TASK = TaskRef()

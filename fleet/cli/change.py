@@ -97,7 +97,10 @@ def edit(
 @json_option
 @pass_app
 def close(app: App, task_id: str, reason: str | None, as_json: bool) -> None:
-    """Mark a task done (agents run this when they finish: `fleet close $FLEET_TASK_ID`)."""
+    """Mark a task done (agents run this when they finish: `fleet close $FLEET_TASK_ID`).
+
+    An agent's reason is redacted like its transcript (see AGENTS AND TEXT in fleet(1)).
+    """
     from fleet import inputs
 
     try:
@@ -113,7 +116,11 @@ def close(app: App, task_id: str, reason: str | None, as_json: bool) -> None:
 @json_option
 @pass_app
 def block(app: App, task_id: str, reason: str, as_json: bool) -> None:
-    """Block a task until a person retries it; the reason says why."""
+    """Block a task until a person retries it; the reason says why.
+
+    An agent that blocks its own task ends its attempt as `blocked`, which counts as nothing;
+    its reason is redacted like its transcript (see AGENTS AND TEXT in fleet(1)).
+    """
     from fleet import inputs
 
     text = inputs.reason(reason)

@@ -35,7 +35,9 @@ def kill(app: App, task_ids: tuple[str, ...], no_block: bool) -> None:
 @pass_app
 def pause(app: App, reason: str | None) -> None:
     """Stop starting new tasks; running tasks go on."""
-    app.store.set_gate("pause", None, reason)
+    from fleet import inputs
+
+    app.store.set_gate("pause", None, inputs.reason(reason) or None if reason else None)
 
 
 @cli.command()
@@ -176,11 +178,13 @@ def merge_cmd(app: App, task_id: str, strategy: str | None) -> None:
             f"{task.id} is {task.status}: {task.reason}",
             hint=f"once that is resolved on {task.branch}: fleet merge {task.id}",
         )
+    from fleet.output import emit_text
+
     wake.poke(app.paths)  # tasks that waited on this one may start
     if task.merge_state == "branch":
-        click.echo(f"{task.id}: {task.merge_reason}")
+        emit_text(f"{task.id}: {task.merge_reason}")
     else:
         into = f"{task.base} is at {(task.merged_commit or '')[:12]}"
-        click.echo(
+        emit_text(
             f"{task.id}: merged, {into}" + (f" ({task.merge_reason})" if task.merge_reason else "")
         )

@@ -15,7 +15,15 @@ import click
 from fleet.cli.app import TASK, App, cli, coder_options, pass_app
 from fleet.errors import InputError
 from fleet.model import TaskSpec
-from fleet.output import emit_object, emit_objects, emit_table, fmt_of, output_options, shorten
+from fleet.output import (
+    emit_object,
+    emit_objects,
+    emit_table,
+    emit_text,
+    fmt_of,
+    output_options,
+    shorten,
+)
 
 
 @cli.command()
@@ -149,7 +157,9 @@ def tree_cmd(app: App, task_id: str | None, as_json: bool) -> None:
         sys.stdout.write(json.dumps([n.to_json() for n in nodes], ensure_ascii=False, indent=2))
         sys.stdout.write("\n")
         return
-    sys.stdout.write("".join(row + "\n" for row in tree.render(nodes)))
+    rows = tree.render(nodes)
+    if rows:
+        emit_text("\n".join(rows))
 
 
 @cli.command()

@@ -15,6 +15,7 @@ from fleet.output import (
     emit_objects,
     emit_pairs,
     emit_table,
+    emit_text,
     fmt_of,
     output_options,
     shorten,
@@ -219,9 +220,9 @@ def show(app: App, task_id: str, as_json: bool) -> None:
         ]
     )
     if task.description:
-        click.echo("\n" + task.description.rstrip("\n"))
+        emit_text("\n" + task.description.rstrip("\n"))
     if attempts:
-        click.echo()
+        emit_text()
         emit_table(
             ("#", "OUTCOME", "EXIT", "STARTED", "ENDED", "TOKENS IN/OUT", "COST"),
             [

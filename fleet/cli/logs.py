@@ -1,19 +1,25 @@
-"""`fleet logs`: a task's transcript from the journal, across attempts, optionally followed."""
+"""`fleet logs`: a task's transcript from the journal (and the event logs of attempts run by
+hand, fleet.eventlog), across attempts, optionally followed."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import heapq
+import itertools
 import json
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
 from fleet.cli.app import TASK, App, cli, count, pass_app
-from fleet.errors import InputError
+from fleet.errors import FleetError, InputError
 
 FIELDS = {
     "FLEET_ATTEMPT": "attempt",
@@ -81,7 +87,95 @@ class Uninterrupted:
 def line(rec: dict[str, Any]) -> str:
     when = datetime.fromisoformat(rec["time"].replace("Z", "+00:00")).astimezone()
     attempt = f"#{rec['attempt']}" if "attempt" in rec else "  "
-    return f"{when:%H:%M:%S} {attempt:>3} {rec['event']:<11} {rec['message']}"
+    from fleet.output import for_terminal
+
+    # The transcript is the agent's output and its tools': shown, never acted on.
+    text = f"{when:%H:%M:%S} {attempt:>3} {rec['event']:<11} {rec['message']}"
+    return for_terminal(text, lines=True)
+
+
+class Cursors(NamedTuple):
+    """Where a `--cursor-file` says to go on: in the journal, and in the task's event log."""
+
+    journal: str | None = None
+    file: str | None = None
+
+    @classmethod
+    def load(cls, path: Path | None) -> Cursors:
+        from fleet import eventlog
+
+        if path is None or not path.exists():
+            return cls()
+        lines = path.read_text().split()
+        if not lines:
+            raise InputError(f"{path} is empty")
+        files = [x for x in lines if x.startswith(eventlog.CURSOR)]
+        journals = [x for x in lines if not x.startswith(eventlog.CURSOR)]
+        return cls(journals[-1] if journals else None, files[-1] if files else None)
+
+    def text(self) -> str:
+        return "".join(c + "\n" for c in self if c)
+
+
+class Printer:
+    """Prints records (as lines or JSON), saving each one's cursor in the cursor file if any."""
+
+    def __init__(self, as_json: bool, cursor_file: Path | None, saved: Cursors) -> None:
+        self.as_json = as_json
+        self.cursor_file = cursor_file
+        self.saved = saved
+        self.uninterrupted = Uninterrupted()
+
+    def __call__(self, rec: dict[str, Any], source: str) -> None:
+        from fleet.fsutil import write_atomic
+
+        cursor = rec.pop("cursor", None)
+        out = sys.stdout
+        with self.uninterrupted:
+            out.write(
+                json.dumps(rec, ensure_ascii=False) + "\n" if self.as_json else line(rec) + "\n"
+            )
+            out.flush()
+            if self.cursor_file is not None and cursor:
+                self.saved = self.saved._replace(**{source: cursor})
+                write_atomic(self.cursor_file, self.saved.text().encode(), durable=False)
+
+
+def journal_argv(
+    app: App, task_id: str, attempt: int | None, lines: int | None, follow: bool, cursor: str | None
+) -> list[str]:
+    argv = ["journalctl", "--no-pager", "--all", "-o", "json"]
+    if app.paths.scope == "user" and os.getuid() != 0:
+        argv.append("--user")
+    if cursor is not None:
+        argv.append(f"--after-cursor={cursor}")
+    if lines is not None:
+        argv.append(f"--lines={lines}")
+    if follow:
+        # Alone, journalctl --follow starts with the last 10 entries; --no-tail shows them all.
+        argv += ["--follow"] if lines is not None else ["--follow", "--no-tail"]
+    argv.append(f"FLEET_TASK_ID={task_id}")
+    if attempt is not None:
+        argv.append(f"FLEET_ATTEMPT={attempt}")
+    return argv
+
+
+def kept(
+    found: list[dict[str, Any]], cursor: str | None, attempt: int | None, lines: int | None
+) -> list[dict[str, Any]]:
+    """The event log's records to print: after the cursor, of the attempt, the last `lines`."""
+    from fleet import eventlog
+
+    found = [r for r in eventlog.after(found, cursor) if attempt in (None, r.get("attempt"))]
+    return found[-lines:] if lines else [] if lines == 0 else found
+
+
+def journal_records(argv: list[str]) -> Iterator[dict[str, Any]]:
+    from fleet.proc import stream
+
+    for raw in stream(argv):
+        if raw.startswith("{"):
+            yield entry(json.loads(raw))
 
 
 @cli.command()
@@ -105,39 +199,93 @@ def logs(
     cursor_file: Path | None,
     as_json: bool,
 ) -> None:
-    """Print a task's transcript: every event of every attempt, from the journal.
+    """Print a task's transcript: every event of every attempt, from the journal, and for an
+    attempt run by hand outside journald (`fleet-run ID` in a terminal), from the events.jsonl
+    it left in the task's directory.
 
     With --cursor-file, an interrupted `fleet logs -f` started again with the same file goes
     on exactly where it stopped, neither repeating nor skipping an entry.
     """
-    from fleet.fsutil import write_atomic
-    from fleet.proc import stream
+    from fleet import eventlog, taskdir
 
-    argv = ["journalctl", "--no-pager", "--all", "-o", "json"]
-    if app.paths.scope == "user" and os.getuid() != 0:
-        argv.append("--user")
-    if cursor_file is not None and cursor_file.exists():
-        cursor = cursor_file.read_text().strip()
-        if not cursor:
-            raise InputError(f"{cursor_file} is empty")
-        argv.append(f"--after-cursor={cursor}")
-    if lines is not None:
-        argv.append(f"--lines={lines}")
+    saved = Cursors.load(cursor_file)
+    directory = taskdir.task_dir(app.paths, task_id)
+    argv = journal_argv(app, task_id, attempt, lines, follow, saved.journal)
+    printer = Printer(as_json, cursor_file, saved)
     if follow:
-        # Alone, journalctl --follow starts with the last 10 entries; --no-tail shows them all.
-        argv += ["--follow"] if lines is not None else ["--follow", "--no-tail"]
-    argv.append(f"FLEET_TASK_ID={task_id}")
-    if attempt is not None:
-        argv.append(f"FLEET_ATTEMPT={attempt}")
-    out = sys.stdout
-    uninterrupted = Uninterrupted()
-    for raw in stream(argv):
-        if not raw.startswith("{"):
-            continue
-        rec = entry(json.loads(raw))
-        cursor = rec.pop("cursor")
-        with uninterrupted:
-            out.write(json.dumps(rec, ensure_ascii=False) + "\n" if as_json else line(rec) + "\n")
-            out.flush()
-            if cursor_file is not None and cursor:
-                write_atomic(cursor_file, cursor.encode(), durable=False)
+        _follow(argv, directory, saved.file, attempt, lines, printer)
+        return
+    by_hand = kept(eventlog.records(directory), saved.file, attempt, lines)
+    journal = journal_records(argv)
+    try:
+        first = next(journal, None)  # journalctl starts here
+    except FleetError:
+        if not by_hand:
+            raise
+        first, journal = None, iter(())
+    both = heapq.merge(
+        itertools.chain([first] if first else [], journal), by_hand, key=lambda r: r["time"]
+    )
+    for rec in collections.deque(both, maxlen=lines) if lines is not None and by_hand else both:
+        printer(rec, "file" if str(rec.get("cursor")).startswith(eventlog.CURSOR) else "journal")
+
+
+def _follow(
+    argv: list[str],
+    directory: Path,
+    cursor: str | None,
+    attempt: int | None,
+    lines: int | None,
+    printer: Printer,
+) -> None:
+    """What there is, then each new entry of the journal and of the event log as it comes."""
+    import selectors
+
+    from inotify_simple import INotify
+    from inotify_simple import flags as iflags
+
+    from fleet import eventlog
+    from fleet.paths import ensure_dir
+    from fleet.proc import reading
+
+    sel = selectors.DefaultSelector()
+    inotify = INotify()
+    mask = iflags.MODIFY | iflags.CREATE | iflags.MOVED_TO | iflags.CLOSE_WRITE
+    # Watched even before a first attempt made it (where a person may create it).
+    with contextlib.suppress(OSError, FleetError):
+        inotify.add_watch(ensure_dir(directory), mask)
+        sel.register(inotify.fileno(), selectors.EVENT_READ, "file")
+    tail = eventlog.Tail(directory)
+    try:
+        backlog = eventlog.records(directory, (eventlog.OLD,)) + tail.new()
+        for rec in kept(backlog, cursor, attempt, lines):
+            printer(rec, "file")
+        with contextlib.ExitStack() as stack:
+            try:
+                proc = stack.enter_context(reading(argv))
+            except FleetError:
+                if not sel.get_map():
+                    raise  # no journalctl, and no event log to follow either
+                proc = None
+            if proc is not None and proc.stdout is not None:
+                sel.register(proc.stdout.fileno(), selectors.EVENT_READ, "journal")
+            rest = b""
+            while True:
+                for key, _ in sel.select():
+                    if key.data == "file":
+                        inotify.read(timeout=0)
+                        for rec in tail.new():
+                            if attempt in (None, rec.get("attempt")):
+                                printer(rec, "file")
+                        continue
+                    chunk = os.read(key.fd, 1 << 16)
+                    if not chunk:
+                        return  # journalctl ended
+                    *complete, rest = (rest + chunk).split(b"\n")
+                    for raw in complete:
+                        if raw.startswith(b"{"):
+                            printer(entry(json.loads(raw.decode("utf-8", "replace"))), "journal")
+    finally:
+        tail.close()
+        sel.close()
+        inotify.close()

@@ -50,9 +50,11 @@ class QuestionRef(click.ParamType[str]):
                 store.close()
         except FleetError:
             return []
+        from fleet.output import for_terminal
+
         typed = incomplete.strip().lower()
         return [
-            CompletionItem(ref, help=shorten(questions.for_person(q), 60))
+            CompletionItem(ref, help=for_terminal(shorten(questions.for_person(q), 60)))
             for q in waiting
             for ref in (q.id, q.task)
             if ref.startswith(typed)
@@ -154,6 +156,20 @@ def _target(app: App, ref: str) -> Question:
     return pending[0]
 
 
+def refuse_agents() -> None:
+    """An agent's answer would reach an agent as a person's decision: refuse it."""
+    from fleet.audit import agent_task
+    from fleet.errors import FleetError
+
+    task = agent_task()
+    if task is not None:
+        raise FleetError(
+            f"an agent cannot answer questions (this runs as the agent of {task})",
+            hint="a question waits for a person, who has been notified; a person's shell"
+            " has no FLEET_TASK_ID",
+        )
+
+
 @cli.command("answer")
 @click.argument("ref", metavar="ID", type=QuestionRef())
 @click.argument("text", required=False)
@@ -185,29 +201,20 @@ def answer(
     TEXT is the answer to a free-text question, or a comment with --choice, --approve or
     --deny (`-` reads it from standard input). The first answer wins: a later one fails with
     exit status 4 and says who answered. The agent receives the answer at once.
+
+    Only a person answers: run by an agent (FLEET_TASK_ID is set, or the command runs inside a
+    fleet-task@ unit) it is refused with exit status 1 and changes nothing, so that no agent is
+    ever told that a person decided what it decided itself.
     """
-    from fleet import inputs, questions, taskdir
+    from fleet import inputs, questions
     from fleet.audit import person
 
-    if text == "-":  # bounded: an answer longer than MAX_TEXT is refused anyway
-        text = inputs.decode("standard input", sys.stdin.buffer.read(4 * questions.MAX_TEXT + 1))
-    elif text is not None:
-        text = inputs.utf8("the answer", text)
-    by = inputs.utf8("--by", by) if by is not None else None
-    choices = tuple(inputs.utf8("--choice", c) for c in choices)
+    refuse_agents()
+    who = inputs.by(by) if by is not None else person()
+    if text == "-":  # bounded: a longer answer is refused anyway
+        text = inputs.read_arg("-", "answer", 4 * questions.MAX_TEXT)
     q = _target(app, ref)
-    if q.status != "pending":
-        raise questions.not_pending(q)
-    resolved = questions.resolve(q, Reply(by or person(), text, choices, approved))
-    done = app.store.answer(
-        q.id,
-        by or person(),
-        resolved.answer,
-        resolved.choices,
-        resolved.approved,
-        resolved.comment,
-    )
-    questions.ring(taskdir.task_dir(app.paths, q.task))
+    done = questions.give(app.paths, app.store, q, Reply(who, text, choices, approved))
     if as_json:
         emit_object(done.to_json())
     else:

@@ -47,54 +47,111 @@ def _bindir() -> Path:
 @scope_options[0]
 @scope_options[1]
 @click.option("--run-as", metavar="USER", help="With --system: run agents as this user.")
+@click.option(
+    "--telegram",
+    is_flag=True,
+    help="Also install and start fleet-telegram.service (telegram_token_file and telegram_chats"
+    " must be set); kept by later runs without it.",
+)
 @click.option("-n", "--dry-run", is_flag=True, help="Print the units instead of installing them.")
 @click.option("--uninstall", is_flag=True, help="Stop, disable and remove fleet's units.")
 @pass_app
-def setup(app: App, scope: str | None, run_as: str | None, dry_run: bool, uninstall: bool) -> None:
+def setup(
+    app: App,
+    scope: str | None,
+    run_as: str | None,
+    telegram: bool,
+    dry_run: bool,
+    uninstall: bool,
+) -> None:
     """Install fleet's systemd units and start the dispatcher.
 
-    Renders fleet-task@.service, fleet.slice and fleet-claim.{service,path,timer} with the
-    absolute paths of these programs and the FLEET_HOME in use, reloads systemd, and enables
-    the path and timer units. Running it again updates them; it is always safe.
+    Renders fleet-task@.service, fleet.slice and fleet-claim.{service,path,timer} (and with
+    --telegram fleet-telegram.service) with the absolute paths of these programs and the
+    FLEET_HOME in use, reloads systemd, and enables the path and timer units. Running it again
+    updates them; it is always safe.
     """
-    from fleet import systemd
-    from fleet.paths import ensure_dir
-    from fleet.proc import run
-    from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, Install, catalog, render, unit_dir
-    from fleet.wake import wake_dir
+    from fleet.units import TELEGRAM, Install, render, unit_dir
 
     chosen = _scope(app, scope)
-    inst = Install(chosen, app.paths, _bindir(), run_as)
     target = unit_dir(chosen)
+    if telegram and not uninstall:
+        _check_telegram(app.config)
+    telegram = telegram or uninstall or (target / TELEGRAM).exists()
+    inst = Install(chosen, app.paths, _bindir(), run_as, telegram)
     units = render(inst, app.config)
     if dry_run:
         for name, text in units.items():
             click.echo(f"# {target / name}\n{text}")
+    elif uninstall:
+        _uninstall(chosen, target, units)
+    else:
+        _install(app, chosen, target, units)
+
+
+def _check_telegram(config: Config) -> None:
+    """The bot can start: its chats are set and its token file is there (and private)."""
+    from fleet.errors import ConfigError
+    from fleet.telegram import token
+
+    if not config.values["telegram_chats"]:
+        raise ConfigError(
+            "telegram_chats is empty: the bot would answer nobody",
+            hint="fleet config set telegram_chats='[YOUR_CHAT_ID]'",
+        )
+    if config.get_bool("telegram_credential"):
+        path = os.path.expanduser(config.get_str("telegram_token_file").strip())
+        if not os.path.isabs(path) or not os.path.isfile(path):
+            raise ConfigError(
+                f"telegram_credential: no token file {path!r} for systemd to load",
+                hint="set telegram_token_file to the file's absolute path",
+            )
         return
-    if uninstall:
-        systemd.systemctl(chosen, "disable", "--now", *ENABLED, check=False)
-        for name in units:
-            (target / name).unlink(missing_ok=True)
-        if chosen == "system":
-            (CATALOG_DIR / CATALOG_FILE).unlink(missing_ok=True)
-        systemd.systemctl(chosen, "daemon-reload")
-        click.echo(f"removed fleet's units from {target}")
-        return
+    token.load(config)
+
+
+def _uninstall(scope: Scope, target: Path, units: dict[str, str]) -> None:
+    from fleet import systemd
+    from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM
+
+    systemd.systemctl(scope, "disable", "--now", *ENABLED, TELEGRAM, check=False)
+    for name in units:
+        (target / name).unlink(missing_ok=True)
+    if scope == "system":
+        (CATALOG_DIR / CATALOG_FILE).unlink(missing_ok=True)
+    systemd.systemctl(scope, "daemon-reload")
+    click.echo(f"removed fleet's units from {target}")
+
+
+def _install(app: App, scope: Scope, target: Path, units: dict[str, str]) -> None:
+    from fleet import systemd
     from fleet.fsutil import write_atomic
+    from fleet.paths import ensure_dir
+    from fleet.proc import run
+    from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM, catalog
+    from fleet.wake import wake_dir
 
     ensure_dir(wake_dir(app.paths))  # fleet-claim.path watches it
-    write_atomic(app.paths.home / systemd.SCOPE_FILE, f"{chosen}\n".encode())
+    write_atomic(app.paths.home / systemd.SCOPE_FILE, f"{scope}\n".encode())
     target.mkdir(parents=True, exist_ok=True)
     for name, text in units.items():
         write_atomic(target / name, text.encode(), mode=0o644)
-    if chosen == "system":
+    if scope == "system":
         # journalctl -x explains fleet's lifecycle entries once the catalog is compiled.
         CATALOG_DIR.mkdir(parents=True, exist_ok=True)
         write_atomic(CATALOG_DIR / CATALOG_FILE, catalog().encode(), mode=0o644)
         run(["journalctl", "--update-catalog"])
-    systemd.systemctl(chosen, "daemon-reload")
-    systemd.systemctl(chosen, "enable", "--now", *ENABLED)
-    click.echo(f"installed {len(units)} units in {target}; fleet-claim.path and .timer enabled")
+    systemd.systemctl(scope, "daemon-reload")
+    systemd.systemctl(scope, "enable", "--now", *ENABLED)
+    started = ""
+    if TELEGRAM in units:
+        # A running bot picks up the new unit (and a changed credential) only on a restart.
+        systemd.systemctl(scope, "enable", TELEGRAM)
+        systemd.systemctl(scope, "restart", TELEGRAM)
+        started = f"; {TELEGRAM} started"
+    click.echo(
+        f"installed {len(units)} units in {target}; fleet-claim.path and .timer enabled{started}"
+    )
 
 
 def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str, str, str]]:
@@ -103,7 +160,7 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     from fleet import systemd
     from fleet.config import load
     from fleet.store import open_store
-    from fleet.units import ENABLED, Install, render, unit_dir
+    from fleet.units import ENABLED, TELEGRAM, Install, render, unit_dir
 
     results: list[tuple[bool, str, str, str]] = []
     flag = " --user" if scope == "user" else ""
@@ -138,7 +195,8 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     try:
         bindir = _bindir()
         target = unit_dir(scope)
-        for name, text in render(Install(scope, app.paths, bindir), config).items():
+        telegram = (target / TELEGRAM).exists()
+        for name, text in render(Install(scope, app.paths, bindir, None, telegram), config).items():
             path = target / name
             current = path.read_text() if path.exists() else None
             state = "installed" if current == text else "missing" if current is None else "outdated"
@@ -155,7 +213,44 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     for name in sorted(names):
         results.append(coder_check(config, name))
     results.extend(worktree_checks(app, config, repair))
+    results.extend(notify_checks(app, config, scope))
     return results
+
+
+def notify_checks(app: App, config: Config, scope: Scope) -> list[tuple[bool, str, str, str]]:
+    """The Telegram bot (its token, its unit) when it is set up, and the notifications that
+    wait in the spool."""
+    from fleet import alerts, systemd
+    from fleet.telegram import token
+    from fleet.units import TELEGRAM, unit_dir
+
+    rows = []
+    installed = (unit_dir(scope) / TELEGRAM).exists()
+    if token.configured(config) or installed:
+        try:
+            if not config.get_bool("telegram_credential"):
+                token.load(config)
+            rows.append((True, "telegram", f"token {config.get_str('telegram_token_file')}", ""))
+        except FleetError as e:
+            rows.append((False, "telegram", e.message, e.hint or ""))
+        flag = " --system" if scope == "system" else ""
+        state = systemd.systemctl(scope, "is-active", TELEGRAM, check=False).strip()
+        rows.append(
+            (state == "active", "telegram", f"{TELEGRAM}: {state}", f"fleet setup{flag} --telegram")
+        )
+    try:
+        waiting = alerts.undelivered(app.paths)
+    except FleetError as e:
+        return [*rows, (False, "notify", e.message, e.hint or "")]
+    rows.append(
+        (
+            waiting == 0,
+            "notify",
+            f"{waiting} undelivered notification{'' if waiting == 1 else 's'} in the spool",
+            "journalctl -t fleet-notify -u fleet-telegram says why; they are tried again",
+        )
+    )
+    return rows
 
 
 def worktree_checks(app: App, config: Config, fix: bool) -> list[tuple[bool, str, str, str]]:

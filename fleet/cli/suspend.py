@@ -16,7 +16,15 @@ import click
 from fleet.cli.app import TASK, App, cli, pass_app
 from fleet.errors import Conflict
 from fleet.model import Checkpoint, Status
-from fleet.output import emit_object, emit_objects, emit_table, fmt_of, output_options, shorten
+from fleet.output import (
+    emit_object,
+    emit_objects,
+    emit_table,
+    emit_text,
+    fmt_of,
+    output_options,
+    shorten,
+)
 
 summary_option = click.option(
     "-s",
@@ -39,7 +47,7 @@ def _said(cp: Checkpoint) -> None:
     """The checkpoint's number on standard output; a missing ref said on standard error."""
     sys.stdout.write(f"{cp.n}\n")
     if cp.ref is None:
-        sys.stderr.write(f"fleet: checkpoint {cp.n} of {cp.task} has no git ref: {cp.note}\n")
+        emit_text(f"fleet: checkpoint {cp.n} of {cp.task} has no git ref: {cp.note}", err=True)
 
 
 @cli.command()
@@ -136,7 +144,6 @@ def _stop(app: App, task_id: str, block: bool) -> None:
     if alive in systemd.ALIVE:
         systemd.stop(scope, [task_id], block=block)
         return
-    from fleet.fsutil import touch
     from fleet.paths import ensure_dir
 
-    touch(ensure_dir(taskdir.task_dir(app.paths, task_id)) / taskdir.KILL)
+    taskdir.ring(ensure_dir(taskdir.task_dir(app.paths, task_id)), taskdir.KILL)

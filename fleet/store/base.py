@@ -31,7 +31,13 @@ Semantics every backend must keep (the SQLite one today, PostgreSQL later):
   conflict or failed), and never a task already merged;
 - `request_merge` and `record_merge` write their audit rows: `merge-requested`, and
   `merged-back`, `merge-blocked` or `merge-waits` (the last only when the reason changes, as a
-  waiting merge is tried again on every dispatch pass).
+  waiting merge is tried again on every dispatch pass);
+- a spooled message (a notification channel's outbox) is sent by one deliverer at a time: it
+  is taken with a claim that only runs out after the deliverer's bound, and it stays spooled,
+  with its tries and last error, until `spool_sent`; a question's message is then kept, with
+  the channel's message id, until it has been edited to show how the question was settled;
+- a lease has one holder at a time: another owner takes it only once it has run out, and only
+  its holder changes the value it carries (which outlives the holder).
 """
 
 from __future__ import annotations
@@ -81,6 +87,42 @@ class TaskFilter(NamedTuple):
     include_final: bool = False
     label: str | None = None
     cwd: str | None = None  # the directory or anything below it
+
+
+class OutgoingSpec(NamedTuple):
+    """A message to spool: for `target` (a chat) of `channel`, about `event`."""
+
+    channel: str
+    target: str
+    event: str
+    body: dict[str, Any]
+    task: str | None = None
+    question: str | None = None
+
+
+class Outgoing(NamedTuple):
+    """A spooled message; `ref` is the channel's id of it once sent."""
+
+    id: int
+    channel: str
+    target: str
+    event: str
+    body: dict[str, Any]
+    task: str | None
+    question: str | None
+    created_at: str
+    tries: int
+    error: str | None
+    ref: str | None
+    settled: bool
+    picked: tuple[str, ...]
+
+
+class Lease(NamedTuple):
+    name: str
+    owner: str | None  # None: nobody holds it
+    until: str | None
+    value: str | None
 
 
 class Store(Protocol):
@@ -324,4 +366,56 @@ class Store(Protocol):
 
     def end_question(self, qid: str, status: QuestionStatus) -> Question | None:
         """Expire or cancel a pending question; None if it was no longer pending."""
+        ...
+
+    # The outbox of notification channels, and named leases
+    def spool(self, specs: Sequence[OutgoingSpec]) -> list[Outgoing]: ...
+
+    def take_spooled(
+        self,
+        channel: str,
+        owner: str,
+        seconds: float,
+        limit: int,
+        ids: Sequence[int] = (),
+        before: int | None = None,
+    ) -> list[Outgoing]:
+        """Claim for `seconds` the unsent messages that are due, or spooled before message
+        `before` even if not due yet (only `ids`, if given, due or not), oldest first; a claim
+        of another owner still in force is left alone."""
+        ...
+
+    def spool_sent(self, msg_id: int, owner: str, ref: str) -> None:
+        """Sent as `ref`: a question's message is kept, any other removed."""
+        ...
+
+    def spool_failed(self, msg_id: int, owner: str, error: str, next_at: float) -> None:
+        """Not sent this time: counted, the error kept, due again at `next_at` (epoch s)."""
+        ...
+
+    def spooled(self, channel: str | None = None) -> int:
+        """How many messages wait to be sent."""
+        ...
+
+    def sent_message(self, channel: str, target: str, ref: str) -> Outgoing | None: ...
+
+    def unsettled(self, channel: str) -> list[Outgoing]:
+        """Sent messages of questions that are no longer pending, not yet edited to say so."""
+        ...
+
+    def settle_message(self, msg_id: int) -> None: ...
+
+    def pick(self, msg_id: int, picked: Sequence[str]) -> Outgoing:
+        """Record the options toggled so far on a multi-select question's message."""
+        ...
+
+    def take_lease(self, name: str, owner: str, seconds: float) -> Lease:
+        """Take or renew lease `name` for `owner` unless another owner's is still in force;
+        returns the lease as it then stands (its owner says who holds it)."""
+        ...
+
+    def drop_lease(self, name: str, owner: str) -> None: ...
+
+    def set_lease_value(self, name: str, owner: str, value: str) -> bool:
+        """Change the lease's value if `owner` holds it; whether it did."""
         ...

@@ -227,6 +227,42 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX audit_task ON audit (task, id)",
     ),
+    (
+        # Outgoing messages of a notification channel (Telegram): one row per message and
+        # chat, spooled until sent (`ref`: the channel's message id) and retried meanwhile;
+        # a question's message is kept once sent, to map replies and button presses to the
+        # question and to be edited once it is settled.
+        """CREATE TABLE outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            channel TEXT NOT NULL,
+            target TEXT NOT NULL,
+            event TEXT NOT NULL,
+            task TEXT,
+            question TEXT,
+            body TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            next_at TEXT NOT NULL,
+            tries INTEGER NOT NULL DEFAULT 0,
+            error TEXT,
+            claimed_by TEXT,
+            claimed_until TEXT,
+            ref TEXT,
+            sent_at TEXT,
+            settled INTEGER NOT NULL DEFAULT 0,
+            picked TEXT NOT NULL DEFAULT '[]'
+        )""",
+        "CREATE INDEX outbox_unsent ON outbox (channel, next_at) WHERE ref IS NULL",
+        "CREATE INDEX outbox_sent ON outbox (channel, target, ref) WHERE ref IS NOT NULL",
+        "CREATE INDEX outbox_question ON outbox (question) WHERE question IS NOT NULL",
+        # Named leases (one poller per Telegram bot, whichever host it runs on), each with
+        # the value its holder keeps (the poller's update offset), kept across holders.
+        """CREATE TABLE leases (
+            name TEXT PRIMARY KEY,
+            owner TEXT,
+            until TEXT,
+            value TEXT
+        ) WITHOUT ROWID""",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

@@ -51,7 +51,16 @@ from fleet.model import (
 )
 from fleet.paths import Paths, state_dir
 from fleet.questions import not_pending
-from fleet.store.base import MERGE_CLAIM, BadSpec, Count, TaskFilter, is_merge_claim
+from fleet.store.base import (
+    MERGE_CLAIM,
+    BadSpec,
+    Count,
+    Lease,
+    Outgoing,
+    OutgoingSpec,
+    TaskFilter,
+    is_merge_claim,
+)
 from fleet.store.schema import APPLICATION_ID, MIGRATIONS, VERSION
 from fleet.timeutil import iso, now_iso
 
@@ -139,6 +148,11 @@ READY_WHERE = (
     " WHERE d.task = t.id AND u.status != 'done') AND NOT " + STOPPING.format(t="t")
 )
 ATTEMPT_COLUMNS = ", ".join(f.name for f in ATTEMPT_FIELDS)
+OUTBOX_COLUMNS = (
+    "id, channel, target, event, body, task, question, created_at, tries, error, ref, settled,"
+    " picked"
+)
+KEEP_SENT_S = 30 * 86400  # how long a settled question's message still maps a late reply
 AUDIT_COLUMNS = ", ".join(f.name for f in AUDIT_FIELDS)
 
 
@@ -1483,6 +1497,180 @@ class SQLiteStore:
             " AND q.status = 'pending' ORDER BY q.asked_at DESC, q.id LIMIT 1) WHERE id = ?1",
             (task_id,),
         )
+
+    # -- the outbox and leases ------------------------------------------------------------
+
+    def spool(self, specs: Sequence[OutgoingSpec]) -> list[Outgoing]:
+        now = now_iso()
+        with self._write() as db:
+            # Settled messages are kept a while for replies that come late, then dropped.
+            db.execute(
+                "DELETE FROM outbox WHERE settled = 1 AND sent_at < ?",
+                (iso(time.time() - KEEP_SENT_S),),
+            )
+            ids = [
+                db.execute(
+                    "INSERT INTO outbox (channel, target, event, task, question, body,"
+                    " created_at, next_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                    (
+                        s.channel,
+                        s.target,
+                        s.event,
+                        s.task,
+                        s.question,
+                        json.dumps(s.body, ensure_ascii=False),
+                        now,
+                        now,
+                    ),
+                ).fetchone()[0]
+                for s in specs
+            ]
+            return self._outgoing(db, f"id IN ({', '.join('?' * len(ids))})", ids)
+
+    @staticmethod
+    def _outgoing(db: sqlite3.Connection, where: str, args: Sequence[Any]) -> list[Outgoing]:
+        rows = db.execute(f"SELECT {OUTBOX_COLUMNS} FROM outbox WHERE {where} ORDER BY id", args)
+        return [
+            Outgoing(
+                row[0],
+                row[1],
+                row[2],
+                row[3],
+                json.loads(row[4]),
+                row[5],
+                row[6],
+                row[7],
+                row[8],
+                row[9],
+                row[10],
+                bool(row[11]),
+                tuple(json.loads(row[12])),
+            )
+            for row in rows.fetchall()
+        ]
+
+    def take_spooled(
+        self,
+        channel: str,
+        owner: str,
+        seconds: float,
+        limit: int,
+        ids: Sequence[int] = (),
+        before: int | None = None,
+    ) -> list[Outgoing]:
+        now = now_iso()
+        free = "ref IS NULL AND (claimed_until IS NULL OR claimed_until < ? OR claimed_by = ?)"
+        args: list[Any] = [channel, now, owner]
+        if ids:
+            picked = f"id IN ({', '.join('?' * len(ids))})"
+            args += ids
+        else:
+            picked = "(next_at <= ? OR id < ?)"
+            args += [now, before or 0]
+        where = f"channel = ? AND {free} AND {picked}"
+        with self._read() as db:
+            # Most calls find nothing: a read, which (unlike a write) wakes no watcher.
+            if db.execute(f"SELECT 1 FROM outbox WHERE {where} LIMIT 1", args).fetchone() is None:
+                return []
+        with self._write() as db:
+            taken = db.execute(
+                "UPDATE outbox SET claimed_by = ?, claimed_until = ? WHERE id IN"
+                f" (SELECT id FROM outbox WHERE {where} ORDER BY id LIMIT ?) RETURNING id",
+                (owner, iso(time.time() + seconds), *args, limit),
+            ).fetchall()
+            found = [r[0] for r in taken]
+            return self._outgoing(db, f"id IN ({', '.join('?' * len(found))})", found)
+
+    def spool_sent(self, msg_id: int, owner: str, ref: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "DELETE FROM outbox WHERE id = ? AND claimed_by = ? AND question IS NULL",
+                (msg_id, owner),
+            )
+            db.execute(
+                "UPDATE outbox SET ref = ?, sent_at = ?, tries = tries + 1, error = NULL,"
+                " claimed_by = NULL, claimed_until = NULL WHERE id = ? AND claimed_by = ?",
+                (ref, now_iso(), msg_id, owner),
+            )
+
+    def spool_failed(self, msg_id: int, owner: str, error: str, next_at: float) -> None:
+        with self._write() as db:
+            db.execute(
+                "UPDATE outbox SET tries = tries + 1, error = ?, next_at = ?, claimed_by = NULL,"
+                " claimed_until = NULL WHERE id = ? AND claimed_by = ? AND ref IS NULL",
+                (error, iso(next_at), msg_id, owner),
+            )
+
+    def spooled(self, channel: str | None = None) -> int:
+        where, args = (
+            ("ref IS NULL", []) if channel is None else ("ref IS NULL AND channel = ?", [channel])
+        )
+        with self._read() as db:
+            return int(db.execute(f"SELECT count(*) FROM outbox WHERE {where}", args).fetchone()[0])
+
+    def sent_message(self, channel: str, target: str, ref: str) -> Outgoing | None:
+        with self._read() as db:
+            found = self._outgoing(
+                db, "channel = ? AND target = ? AND ref = ?", (channel, target, ref)
+            )
+        return found[0] if found else None
+
+    def unsettled(self, channel: str) -> list[Outgoing]:
+        with self._read() as db:
+            return self._outgoing(
+                db,
+                "channel = ? AND question IS NOT NULL AND ref IS NOT NULL AND settled = 0"
+                " AND EXISTS (SELECT 1 FROM questions q WHERE q.id = outbox.question"
+                " AND q.status != 'pending')",
+                (channel,),
+            )
+
+    def settle_message(self, msg_id: int) -> None:
+        with self._write() as db:
+            db.execute("UPDATE outbox SET settled = 1 WHERE id = ?", (msg_id,))
+
+    def pick(self, msg_id: int, picked: Sequence[str]) -> Outgoing:
+        with self._write() as db:
+            db.execute(
+                "UPDATE outbox SET picked = ? WHERE id = ?",
+                (json.dumps(list(picked), ensure_ascii=False), msg_id),
+            )
+            found = self._outgoing(db, "id = ?", (msg_id,))
+        if not found:
+            raise NotFound(f"no spooled message {msg_id}")
+        return found[0]
+
+    def take_lease(self, name: str, owner: str, seconds: float) -> Lease:
+        now = now_iso()
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO leases (name, owner, until) VALUES (?, ?, ?) ON CONFLICT (name)"
+                " DO UPDATE SET owner = excluded.owner, until = excluded.until"
+                " WHERE leases.owner IS NULL OR leases.owner = excluded.owner"
+                " OR leases.until IS NULL OR leases.until < ?",
+                (name, owner, iso(time.time() + seconds), now),
+            )
+            row = db.execute(
+                "SELECT name, owner, until, value FROM leases WHERE name = ?", (name,)
+            ).fetchone()
+        return Lease(*row)
+
+    def drop_lease(self, name: str, owner: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "UPDATE leases SET owner = NULL, until = NULL WHERE name = ? AND owner = ?",
+                (name, owner),
+            )
+
+    def set_lease_value(self, name: str, owner: str, value: str) -> bool:
+        with self._write() as db:
+            return (
+                db.execute(
+                    "UPDATE leases SET value = ? WHERE name = ? AND owner = ? AND until >= ?",
+                    (value, name, owner, now_iso()),
+                ).rowcount
+                > 0
+            )
 
 
 def _state_words(task: Task) -> str:

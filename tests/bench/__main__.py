@@ -1,7 +1,8 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, units, stream,
-answer; default: all, in that order; units and stream boot a systemd sandbox and need root).
+answer, telegram, telegram-units; default: all, in that order; units, stream and
+telegram-units boot a systemd sandbox and need root).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -22,6 +23,7 @@ from tests.bench import (
     bench_cli_startup,
     bench_ls_json,
     bench_stream,
+    bench_telegram,
     bench_units,
 )
 from tests.bench.common import Options, fleet_exe
@@ -34,6 +36,8 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_units.NAME: bench_units.main,
     bench_stream.NAME: bench_stream.main,
     bench_answer.NAME: bench_answer.main,
+    bench_telegram.NAME: bench_telegram.main,
+    bench_telegram.UNITS_NAME: bench_telegram.main_units,
 }
 
 

@@ -22,8 +22,16 @@ from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING, TextIO
 
-from fleet.model import TaskSpec
-from tests.bench.common import Options, figure, fleet_env, fleet_exe, note, report, scratch_dir
+from tests.bench.common import (
+    Options,
+    figure,
+    fleet_env,
+    fleet_exe,
+    note,
+    report,
+    running_task,
+    scratch_dir,
+)
 
 if TYPE_CHECKING:
     from mcp.client.stdio import StdioServerParameters
@@ -116,15 +124,7 @@ def main(opts: Options) -> None:
         home = root / "home"
         env = fleet_env(home)
         os.environ["FLEET_HOME"] = str(home)  # for this process's own store reads
-        from fleet.paths import resolve
-        from fleet.store import open_store
-
-        store = open_store(resolve())
-        try:
-            (task,) = store.add([TaskSpec("bench", str(root), coder="command")])
-            store.claim_task(task.id, "bench", 3600, "command", None)
-        finally:
-            store.close()
+        task_id = running_task(root)
         runs = opts.runs(RUNS)
-        asyncio.run(_measure(home, task.id, env, runs))
+        asyncio.run(_measure(home, task_id, env, runs))
         figure("answer runs", f"{runs} answers to one fleet-ask, one question at a time")
