@@ -11,20 +11,22 @@ the TOML parser, and any change of the text is a miss.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fleet.errors import ConfigError
-from fleet.fsutil import write_atomic
-from fleet.paths import Paths, ensure_dir
+from fleet.fsutil import locked, write_atomic
+from fleet.paths import Paths, ensure_dir, state_dir
 from fleet.settings import (
     BUILTIN_CODERS,
     CODER_BY_NAME,
     CODER_SETTINGS,
     SETTINGS,
     Setting,
+    is_name,
     lookup,
     template,
 )
@@ -105,18 +107,17 @@ def read_file(path: Path, cache: Path | None = None) -> tuple[str, dict[str, Any
         line = data.count(b"\n", 0, e.start) + 1
         raise ConfigError(f"{path}:{line}: not valid UTF-8", hint=_restore_hint(path)) from None
     if cache is not None:
-        try:
-            cached = json.loads(cache.read_bytes())
-            if isinstance(cached, dict) and cached.get("text") == raw:
-                return raw, dict(cached["values"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # no cache yet, or a damaged one: parse
+        values = _cached(cache, raw, path)
+        if values is not None:
+            return raw, values
     import tomllib
 
     try:
         doc = tomllib.loads(raw)
     except tomllib.TOMLDecodeError as e:
         raise _parse_error(path, e) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply", hint=_restore_hint(path)) from None
     values = flatten(doc, path, raw)
     if cache is not None:
         try:
@@ -126,6 +127,24 @@ def read_file(path: Path, cache: Path | None = None) -> tuple[str, dict[str, Any
         except OSError:
             pass  # a read-only state directory: parse every time
     return raw, values
+
+
+def _cached(cache: Path, raw: str, path: Path) -> dict[str, Any] | None:
+    """The values cached for exactly the text `raw`, checked again (anyone who can write
+    the state directory can edit the cache), or None: no cache, another text, or values
+    that are not what the settings allow, which are then parsed from the file again."""
+    try:
+        cached = json.loads(cache.read_bytes())
+        if not isinstance(cached, dict) or cached.get("text") != raw:
+            return None
+        values = cached["values"]
+        if not isinstance(values, dict):
+            return None
+        for key, value in values.items():
+            lookup(key)[0].check(value, str(path))
+        return dict(values)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, ConfigError):
+        return None
 
 
 def flatten(doc: Mapping[str, Any], path: Path, raw: str) -> dict[str, Any]:
@@ -140,6 +159,10 @@ def flatten(doc: Mapping[str, Any], path: Path, raw: str) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise ConfigError(f"{where(key)}: coders must be a table of [coders.NAME] tables")
             for coder, table in value.items():
+                if not is_name(coder):
+                    raise ConfigError(
+                        f"{where(coder)}: bad coder name {coder!r}: no spaces or control characters"
+                    )
                 if not isinstance(table, dict):
                     raise ConfigError(f"{where(coder)}: coders.{coder} must be a table")
                 if not table:
@@ -187,13 +210,21 @@ def load(
     env: Mapping[str, str] | None = None,
     source: Path | None = None,
 ) -> Config:
-    import os
 
     env = os.environ if env is None else env
     cache = paths.home / CACHE if source is None else None
     raw, from_file = read_file(source or paths.config_file, cache)
+    config = combine(paths.config_file, from_file, env, flags)
     if raw and source is None:
         _remember_good(paths, raw)
+    return config
+
+
+def combine(
+    path: Path, from_file: Mapping[str, Any], env: Mapping[str, str], flags: Sequence[str]
+) -> Config:
+    """The file's checked values with the defaults, the environment and flags over them,
+    checked as a whole (the default coder must be one that exists)."""
     values: dict[str, Any] = {s.name: s.default for s in SETTINGS}
     sources = dict.fromkeys(values, "default")
     for key, value in from_file.items():
@@ -212,7 +243,7 @@ def load(
         setting, _ = lookup(key)
         values[key] = setting.parse(text, f"--set {key}")
         sources[key] = "flag"
-    config = Config(paths.config_file, values, sources)
+    config = Config(path, values, sources)
     try:
         config.check_coder(config.get_str("default_coder"))
     except ConfigError as e:
@@ -245,13 +276,33 @@ def _remember_good(paths: Paths, raw: str) -> None:
 
 
 def edit(paths: Paths, assignments: Sequence[str], unset: Sequence[str] = ()) -> None:
-    """Apply `KEY=VALUE` assignments and removals to the file, all or nothing."""
+    """Apply `KEY=VALUE` assignments and removals to the file, all or nothing.
+
+    The read-modify-write holds a lock, so concurrent edits of different keys all land; the
+    result is checked as a whole, as every later command will read it, before it is written;
+    and a symlinked file is written where the link points, so the link stays."""
     import tomlkit
-    from tomlkit.items import Table
 
     path = paths.config_file
-    raw, _ = read_file(path)  # refuse to edit a file that does not parse or validate
-    doc = tomlkit.parse(raw or template())
+    ensure_dir(state_dir(paths.home) / "locks")
+    with locked(paths.home / "locks" / "config.lock"):
+        raw, _ = read_file(path)  # refuse to edit a file that does not parse or validate
+        doc = tomlkit.parse(raw or template())
+        _assign(doc, assignments)
+        _unset(doc, unset)
+        text = tomlkit.dumps(doc)
+        import tomllib
+
+        combine(path, flatten(tomllib.loads(text), path, text), {}, ())
+        target = Path(os.path.realpath(path)) if path.is_symlink() else path
+        ensure_dir(target.parent)
+        write_atomic(target, text.encode("utf-8"))
+    _remember_good(paths, text)
+
+
+def _assign(doc: Any, assignments: Sequence[str]) -> None:
+    import tomlkit
+
     for assignment in assignments:
         key, text = split_assignment(assignment)
         setting, coder = lookup(key)
@@ -267,17 +318,12 @@ def edit(paths: Paths, assignments: Sequence[str], unset: Sequence[str] = ()) ->
         if table is None:
             table = tomlkit.table()
             coders[coder] = table
-        assert isinstance(table, Table)
-        table[setting.name] = value
-    for key in unset:
+        table[setting.name] = value  # a [coders.NAME] table or an inline one
+
+
+def _unset(doc: Any, keys: Sequence[str]) -> None:
+    for key in keys:
         setting, coder = lookup(key)
         container: Any = doc if coder is None else doc.get("coders", {}).get(coder, {})
         if setting.name in container:
             del container[setting.name]
-    text = tomlkit.dumps(doc)
-    import tomllib
-
-    flatten(tomllib.loads(text), path, text)  # the result must validate as a whole
-    ensure_dir(path.parent)
-    write_atomic(path, text.encode("utf-8"))
-    _remember_good(paths, text)

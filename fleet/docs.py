@@ -322,7 +322,9 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     (
         "FLEET_HOME",
         "Directory that holds the state (fleet.db, tasks/) and config.toml together, instead of"
-        " the XDG or system places.",
+        " the XDG or system places. It must be an absolute path: a relative one would name"
+        " another queue in every working directory, and is refused (the hint gives the"
+        " `export` to run).",
     ),
     ("FLEET_SCOPE", "user (the default) or system; system is the same as `--system`."),
     (
@@ -387,6 +389,23 @@ def files() -> list[str]:
     rows += [
         ".PP",
         prose("With FLEET_HOME set, all of these live in that one directory."),
+        ".PP",
+        prose(
+            "The state directory is private: fleet creates it, its missing parents and every"
+            " directory in it with mode 0700, and every file 0600 (fleet.db and its -wal and"
+            " -shm files included). A state directory that its group or other users may use"
+            " (one made by hand with the usual umask, or left 0755 by an earlier fleet) is"
+            " refused with exit status 6 rather than used, since they could read every task's"
+            " prompt and transcript; the hint gives the command that fixes it, such as"
+            " `chmod 700 ~/.local/state/fleet`."
+        ),
+        ".PP",
+        prose(
+            "fleet.db carries SQLite application id 0x666C7400 (the bytes of flt and a NUL): a"
+            " database without it that is not empty belongs to another program and is refused,"
+            " never taken over. On a full disk the queue is still read (ls, show, …) and"
+            " every change fails with a message saying that the disk is full, changing nothing."
+        ),
     ]
     return rows
 

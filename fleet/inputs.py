@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleet import chars
@@ -192,16 +192,34 @@ def free_text(field: str, value: str) -> str:
 
 
 def cwd(text: str | None) -> str:
-    """An existing directory, as an absolute path with symlinks and `..` resolved."""
-    raw = os.getcwd() if text is None else utf8("--cwd", text)
-    if not raw or "\x00" in raw or "\n" in raw:
-        raise InputError("--cwd must name a directory")
-    path = Path(os.path.expanduser(raw))
-    resolved = os.path.realpath(path)
-    if not os.path.exists(resolved):
-        raise InputError(f"no such directory: {raw}", hint="--cwd takes an existing directory")
-    if not os.path.isdir(resolved):
+    """An existing directory that this user can enter and read (the agent runs there as
+    them: one it cannot would fail every attempt), as an absolute path with symlinks and
+    `..` resolved."""
+    try:
+        raw = os.getcwd() if text is None else utf8("--cwd", text)
+        if not raw or "\x00" in raw or "\n" in raw:
+            raise InputError("--cwd must name a directory")
+        resolved = os.path.realpath(os.path.expanduser(raw))
+    except FileNotFoundError:  # getcwd(), also inside realpath() of a relative path
+        raise InputError(
+            "the current directory no longer exists",
+            hint="cd to an existing directory, or give --cwd an absolute path",
+        ) from None
+    try:
+        found = os.stat(resolved)
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError(
+            f"no such directory: {raw}", hint="--cwd takes an existing directory"
+        ) from None
+    except PermissionError:
+        found = None
+    if found is not None and not stat.S_ISDIR(found.st_mode):
         raise InputError(f"not a directory: {raw}")
+    if found is None or not os.access(resolved, os.R_OK | os.X_OK):
+        raise InputError(
+            f"you cannot enter and read the directory {raw}",
+            hint="the agent runs there as you: give a directory you can `cd` into and list",
+        )
     return resolved
 
 
@@ -214,8 +232,10 @@ def label(text: str) -> str:
 
 def name(field: str, text: str) -> str:
     """A coder or model name: non-empty, no white space or control characters."""
+    from fleet.settings import is_name
+
     text = utf8(field, text)
-    if not _NAME.fullmatch(text) or chars.LINE.search(text):
+    if not is_name(text):
         raise InputError(f"bad {field} name {text!r}: no spaces or control characters")
     return _redacted(text)
 

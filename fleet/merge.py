@@ -33,9 +33,10 @@ from typing import NamedTuple
 from fleet import repolock, taskdir, worktree
 from fleet.config import Config
 from fleet.errors import Conflict, FleetError
+from fleet.fsutil import write_atomic
 from fleet.host import owner
 from fleet.model import MergeMark, Status, Task
-from fleet.paths import Paths
+from fleet.paths import Paths, ensure_dir
 from fleet.proc import run
 from fleet.store import Store
 from fleet.store.base import MERGE_CLAIM, is_merge_claim
@@ -235,8 +236,8 @@ class Job(NamedTuple):
                     ahead,
                 )
             return tip
-        self.marker.parent.mkdir(parents=True, exist_ok=True)
-        self.marker.write_text(f"{self.strategy} {branch} {tip} onto {base} {old}\n")
+        ensure_dir(self.marker.parent)
+        write_atomic(self.marker, f"{self.strategy} {branch} {tip} onto {base} {old}\n".encode())
         try:
             options = worktree.committer(tree)
             if self.strategy == "merge":

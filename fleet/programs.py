@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from fleet.errors import FleetError, report
+from fleet.errors import guard
 
 if TYPE_CHECKING:
     from fleet.reap import Service
@@ -151,16 +151,7 @@ def main(prog: str, argv: Sequence[str] | None = None) -> int:
         from fleet.commands import PROGRAMS
 
         return run_click(PROGRAMS[prog], prog, args)
-    try:
-        result = action()
-    except FleetError as e:
-        if os.environ.get("FLEET_DEBUG", "") not in ("", "0"):
-            raise
-        return report(prog, e)
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: interrupted\n")
-        return 130
-    return result if isinstance(result, int) else 0
+    return guard(prog, action)
 
 
 def claim_main() -> int:

@@ -8,7 +8,6 @@ shares; the kernel drops it when its holder dies, so a killed merge never leaves
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fleet.errors import FleetError
+from fleet.fsutil import locked
 from fleet.paths import Paths, ensure_dir
 from fleet.proc import run
 
@@ -43,13 +43,5 @@ def hold(paths: Paths, common: str, wait: bool = True) -> Iterator[bool]:
     (without the lock) if `wait` is false and someone else holds it."""
     path = lock_path(paths, common)
     ensure_dir(path.parent)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
+    with locked(path, wait) as held:
+        yield held

@@ -40,7 +40,7 @@ from fleet.host import owner
 from fleet.journal import Journal, under_journald
 from fleet.model import Status, Task
 from fleet.notify import Notifier
-from fleet.paths import Paths, program, resolve
+from fleet.paths import Paths, ensure_dir, program, resolve
 from fleet.proc import child_env
 from fleet.redact import Redactor, secret_values
 from fleet.store import Actor, Store, open_store
@@ -449,7 +449,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         Sink(ctx, Redactor(), journal).lifecycle(MSG_REFUSED, f"not started: {e.message}")
         if invocation:
             # Tell fleet-reap that this invocation started no attempt, so it changes nothing.
-            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            ensure_dir(directory)
             outcome.write(
                 directory,
                 outcome.Outcome(task_id, attempts, invocation, "refused", reason=e.message),

@@ -17,6 +17,16 @@ Kind = Literal["int", "str", "bool", "list", "ids", "table", "sizes"]
 BUILTIN_CODERS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "command", "replay")
 
 
+MAX_NAME = 200
+
+
+def is_name(text: str) -> bool:
+    """Whether `text` can name a coder or a model: 1 to 200 printable characters and no
+    space, so no control character (C0 or C1), no bidi override, no escaped invalid byte.
+    (str.isprintable, not a regular expression: every program checks its configuration.)"""
+    return 0 < len(text) <= MAX_NAME and text.isprintable() and " " not in text
+
+
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True}
 _BOOLS.update({"false": False, "no": False, "off": False, "0": False})
 
@@ -29,6 +39,7 @@ class Setting(NamedTuple):
     minimum: int | None = None
     maximum: int | None = None
     choices: tuple[str, ...] = ()  # for a str: the only values allowed
+    word: bool = False  # for a str: empty or a name (a coder's, a model's), as `--coder` takes
 
     @property
     def env_var(self) -> str:
@@ -69,6 +80,11 @@ class Setting(NamedTuple):
             raise ConfigError(
                 f"{where}: {self.name} must be one of {', '.join(self.choices)}, not {value!r}"
             )
+        if self.word and value and not is_name(value):
+            raise ConfigError(
+                f"{where}: {self.name} must be a name without spaces or control characters,"
+                f" not {value!r}"
+            )
         return value
 
     def parse(self, text: str, where: str) -> Any:
@@ -88,21 +104,31 @@ class Setting(NamedTuple):
                     f"{where}: {self.name} must be a whole number, not {text!r}"
                 ) from None
         else:
-            import tomllib
-
-            try:
-                value = tomllib.loads(f"v = {text}")["v"]
-            except tomllib.TOMLDecodeError:
-                example = {
-                    "list": '["--flag", "value"]',
-                    "ids": "[123456789, -100987654321]",
-                    "table": '{NAME = "value"}',
-                    "sizes": '{"model-name" = 200000}',
-                }[self.kind]
-                raise ConfigError(
-                    f"{where}: {self.name} must be written as TOML, such as {example}"
-                ) from None
+            value = self._toml(text, where)
         return self.check(value, where)
+
+    def _toml(self, text: str, where: str) -> Any:
+        """The TOML value `text`: one value, so `[…]\nother = 1` cannot set a second key."""
+        import tomllib
+
+        example = {
+            "list": '["--flag", "value"]',
+            "ids": "[123456789, -100987654321]",
+            "table": '{NAME = "value"}',
+            "sizes": '{"model-name" = 200000}',
+        }[self.kind]
+        try:
+            doc = tomllib.loads(f"v = {text}")
+        except tomllib.TOMLDecodeError:
+            doc = {}
+        except RecursionError:
+            raise ConfigError(f"{where}: {self.name} is nested too deeply") from None
+        if list(doc) != ["v"]:
+            raise ConfigError(
+                f"{where}: {self.name} must be one TOML value, such as {example}",
+                hint="set one key per KEY=VALUE argument",
+            )
+        return doc["v"]
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -112,12 +138,14 @@ SETTINGS: tuple[Setting, ...] = (
         "str",
         "claude",
         "Coder for tasks that name none: a built-in coder or a [coders.NAME] table.",
+        word=True,
     ),
     Setting(
         "default_model",
         "str",
         "",
         "Model for tasks that name none; empty means the coder's own default.",
+        word=True,
     ),
     Setting(
         "isolation",
@@ -410,6 +438,10 @@ def lookup(key: str) -> tuple[Setting, str | None]:
         return BY_NAME[key], None
     parts = key.split(".")
     if len(parts) == 3 and parts[0] == "coders" and parts[2] in CODER_BY_NAME and parts[1]:
+        if not is_name(parts[1]):
+            raise ConfigError(
+                f"bad coder name {parts[1]!r} in {key!r}: no spaces or control characters"
+            )
         return CODER_BY_NAME[parts[2]], parts[1]
     known = ", ".join([*BY_NAME, "coders.NAME." + "|".join(CODER_BY_NAME)])
     raise ConfigError(f"unknown configuration key {key!r}", hint=f"known keys: {known}")

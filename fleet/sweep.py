@@ -26,6 +26,7 @@ from typing import NamedTuple
 from fleet import ids, repolock, worktree
 from fleet.config import Config
 from fleet.errors import FleetError, NotFound
+from fleet.fsutil import touch
 from fleet.model import Status, Task
 from fleet.paths import Paths
 from fleet.proc import run
@@ -74,7 +75,7 @@ def when_due(paths: Paths, store: Store, config: Config) -> None:
     except FileNotFoundError:
         if not paths.worktrees.is_dir():
             return
-    stamp.touch()
+    touch(stamp)
     for item in sweep(paths, store, config, fix=True):
         if item.action == "removed":
             sys.stderr.write(f"fleet: swept {item.path} ({item.task_state} task): {item.detail}\n")

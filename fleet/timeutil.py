@@ -8,6 +8,15 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
+# poll(2) takes a C int of milliseconds (some 24.8 days): a longer wait polls again.
+MAX_POLL_MS = 2**31 - 1
+
+
+def poll_ms(left: float | None) -> int | None:
+    """`left` seconds (None: forever) as a poll timeout: rounded up, so a wait never ends
+    early and spins, and at most MAX_POLL_MS."""
+    return None if left is None else min(int(left * 1000) + 1, MAX_POLL_MS)
+
 
 def iso(ts: float) -> str:
     dt = datetime.fromtimestamp(ts, UTC)

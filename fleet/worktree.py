@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fleet.errors import FleetError, InputError
+from fleet.paths import ensure_dir
 from fleet.proc import run
 
 GIT_TIMEOUT = 120.0  # a `git add -A` of a large tree takes a while
@@ -134,7 +135,7 @@ def ensure(task_id: str, cwd: str, base: str, root: Path, start: str | None = No
     inside = os.path.relpath(os.path.realpath(cwd), os.path.realpath(repo))
     created = False
     if not is_worktree(path):
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_dir(root)
         # A worktree deleted by hand is still registered: forget it before adding it again.
         git_ok(repo, "worktree", "prune")
         if path.exists() and any(path.iterdir()):

@@ -176,7 +176,7 @@ def store_at_version(home: Path, version: int) -> sqlite3.Connection:
     """A new store in `home` as fleet's schema `version` left it, for migration tests."""
     from fleet.store.schema import MIGRATIONS
 
-    home.mkdir(parents=True)
+    home.mkdir(mode=0o700, parents=True)
     db = sqlite3.connect(home / "fleet.db")
     for statements in MIGRATIONS[:version]:
         for sql in statements:

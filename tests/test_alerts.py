@@ -360,7 +360,7 @@ def test_a_failure_to_start_the_delivery_is_logged_not_raised(
     alerts.fire(paths, config, "blocked", "blocked", task=task)
     err = capfd.readouterr().err
     assert err.startswith('fleet: notify: cannot start delivering the "blocked" notification:')
-    assert f"cannot create {home / alerts.SPOOL}: File exists" in err
+    assert f"{home / alerts.SPOOL} exists and is not a directory" in err
 
 
 # ---------------------------------------------------------------------- deliver

@@ -187,7 +187,7 @@ def test_broken_configuration_names_file_and_line_and_keeps_the_last_good(
 def test_bad_configuration_values_name_the_key(
     fleet: Fleet, home: Path, text: str, code: int, needle: str
 ) -> None:
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (home / "config.toml").write_bytes(
         text.encode("utf-8", "surrogateescape").replace(b"\xc3\xbf", b"\xff")
     )

@@ -70,7 +70,7 @@ def hook(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INVOCATION_ID", raising=False)
     out = tmp_path / "notified"
     out.mkdir()
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     command = hook_writing(out)
     (home / "config.toml").write_text(
         f"notify_command = {json.dumps(command)}\nnotify_desktop = false\n"
@@ -685,7 +685,7 @@ def units(
     out = tmp_path / "notified"
     out.mkdir()
     f = UnitFleet(systemd, tmp_path / "home", project)
-    f.home.mkdir()
+    f.home.mkdir(mode=0o700)
     (f.home / "config.toml").write_text(
         f"default_coder = 'command'\nnotify_command = {json.dumps(hook_writing(out))}\n"
         f'notify_desktop = false\n[coders.command.env]\nDEPLOY_TOKEN = "{CODER_SECRET}"\n'

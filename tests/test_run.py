@@ -337,7 +337,7 @@ def test_a_coder_class_from_an_entry_point(fleet: Fleet, project: Path, tmp_path
 def test_prompt_template_from_the_configuration_directory(
     fleet: Fleet, project: Path, home: Path
 ) -> None:
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (home / "prompt.md").write_text("Do $title in $cwd as $task_id.\n")
     tid = fleet.add("the thing", "--coder", "command", "-d", "true")
     run(tid, project)

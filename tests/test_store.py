@@ -285,7 +285,7 @@ def test_newer_schema_is_refused(home: Path, store: Store) -> None:
 
 
 def test_a_foreign_or_corrupt_database_is_refused(home: Path) -> None:
-    home.mkdir(parents=True)
+    home.mkdir(mode=0o700, parents=True)
     db = sqlite3.connect(home / "fleet.db")
     db.execute("CREATE TABLE x (y)")
     db.execute("PRAGMA user_version = 1")

@@ -180,7 +180,7 @@ def test_the_agent_works_in_its_own_worktree(fleet: Fleet, repo: Path, home: Pat
 def test_a_prompt_template_of_ones_own_gets_the_branch(
     fleet: Fleet, repo: Path, home: Path
 ) -> None:
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (home / "prompt.md").write_text("Do $title in $cwd.\n")
     plain = fleet.add("plain", "--coder", "command", "-d", "true")
     tid = fleet.add("isolated", "--coder", "command", "-d", "true", "--isolation", "worktree")

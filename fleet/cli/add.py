@@ -53,6 +53,7 @@ BATCH_KEYS = (
     "merge",
     "parent_waits",
 )
+MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is a mistake
 
 
 @cli.command()
@@ -253,13 +254,17 @@ def read_batch(app: App, source: str, defaults: Defaults) -> tuple[list[TaskSpec
 
     name = "standard input" if source == "-" else source
     if source == "-":
-        data = sys.stdin.buffer.read()
+        data = sys.stdin.buffer.read(MAX_BATCH + 1)
     else:
         try:
             with open(source, "rb") as f:
-                data = f.read()
+                data = f.read(MAX_BATCH + 1)
         except OSError as e:
             raise InputError(f"cannot read batch file {source}: {e.strerror}") from None
+    if len(data) > MAX_BATCH:
+        raise InputError(
+            f"{name} is larger than {MAX_BATCH >> 20} MiB", hint="split it into several batches"
+        )
     objs: list[tuple[int, dict[str, Any]]] = []
     for number, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
@@ -268,6 +273,8 @@ def read_batch(app: App, source: str, defaults: Defaults) -> tuple[list[TaskSpec
             obj = json.loads(inputs.decode("the line", raw))
         except json.JSONDecodeError as e:
             raise InputError(f"{name} line {number}: not valid JSON: {e.msg}") from None
+        except RecursionError:
+            raise InputError(f"{name} line {number}: nested too deeply") from None
         except InputError as e:
             raise InputError(f"{name} line {number}: {e.message}") from None
         if not isinstance(obj, dict):

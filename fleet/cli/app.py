@@ -1,21 +1,21 @@
-"""The `fleet` command group, its shared context, and the one place errors become exit codes.
+"""The `fleet` command group, its shared context, and how click's ways of ending become fleet's.
 
 Commands stay small: they get paths, the store and the configuration from `App` (opened lazily,
-so `fleet --help` touches neither), and raise FleetError; `run()` prints `fleet: error: …` with
-a hint and returns the error's exit code. Tracebacks only appear with FLEET_DEBUG=1.
+so `fleet --help` touches neither), and raise FleetError; `run()` turns click's usage errors into
+InputError and leaves the rest to fleet.errors.guard, as the per-task programs do: it prints
+`fleet: error: …` with a hint and returns the error's exit code. Tracebacks only appear with
+FLEET_DEBUG=1.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from fleet import __version__
-from fleet.errors import FleetError, InputError, report
+from fleet.errors import FleetError, InputError, guard, report
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
@@ -106,6 +106,51 @@ class TaskRef(click.ParamType[str]):
 
 
 TASK = TaskRef()
+
+# The store's integers are 64-bit (SQLite's): a larger count cannot be compared with them.
+MAX_COUNT = 2**63 - 1
+
+
+class Count(click.IntRange):
+    """A whole number from a minimum, and no larger than the store can take (documented as
+    "at least N": the ceiling is a machine limit, not a choice)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        n = super().convert(value, param, ctx)
+        if n > MAX_COUNT:
+            self.fail(f"{n} is too large (at most {MAX_COUNT})", param, ctx)
+        return n
+
+
+def count(minimum: int = 1) -> Count:
+    return Count(min=minimum)
+
+
+class Seconds(click.ParamType[float]):
+    """A number of seconds to wait: finite, not negative (nan and inf are floats too; leave
+    the option out to wait without end)."""
+
+    name = "SECONDS"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        import math
+
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds < 0:
+            self.fail(
+                f"{value!r} is not a number of seconds from 0 (leave it out to wait forever)",
+                param,
+                ctx,
+            )
+        return seconds
+
+
+SECONDS = Seconds()
 
 
 def coder_options(func: F) -> F:
@@ -212,30 +257,21 @@ def cli(ctx: click.Context, system: bool, overrides: tuple[str, ...]) -> None:
 
 def run(command: click.Command, prog: str, argv: Sequence[str] | None = None) -> int:
     """Run a click command as a program: the exit code for every way it can end."""
-    debug = os.environ.get("FLEET_DEBUG", "") not in ("", "0")
+    return guard(prog, lambda: _main(command, prog, argv))
+
+
+def _main(command: click.Command, prog: str, argv: Sequence[str] | None) -> object:
+    """click's own ways of ending, as fleet's: usage errors as InputError (exit 2)."""
     try:
-        rv = command.main(args=argv, prog_name=prog, standalone_mode=False)
-    except FleetError as e:
-        if debug:
-            raise
-        return report(prog, e)
+        return command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.ctx.get_help(), err=True)
         return 2
     except click.UsageError as e:
-        if debug:
-            raise
         where = e.ctx.command_path if e.ctx else prog
-        return report(prog, InputError(e.format_message(), f"see '{where} --help'"))
+        raise InputError(e.format_message(), f"see '{where} --help'") from e
     except click.ClickException as e:
         report(prog, FleetError(e.format_message()))
         return e.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        sys.stderr.write(f"{prog}: interrupted\n")
-        return 130
-    except BrokenPipeError:
-        # The reader went away (`fleet ls | head`); stay quiet like other Unix tools.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
-    return rv if isinstance(rv, int) else 0
+    except click.exceptions.Abort:
+        raise KeyboardInterrupt from None

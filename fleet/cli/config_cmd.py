@@ -59,7 +59,10 @@ def config_get(app: App, key: str) -> None:
 def config_set(app: App, assignments: tuple[str, ...]) -> None:
     """Set keys in the configuration file, all or none.
 
-    Lists and tables are written as TOML: args='["--verbose"]', env='{HTTP_PROXY = "…"}'.
+    One key per argument; lists and tables are written as one TOML value: args='["--verbose"]',
+    env='{HTTP_PROXY = "…"}'. The result is checked as a whole before it is written (a
+    default_coder must exist), concurrent edits wait for each other, and a config.toml that is
+    a symlink is written where it points.
     """
     from fleet import wake
     from fleet.config import edit

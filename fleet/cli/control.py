@@ -8,9 +8,10 @@ import time
 
 import click
 
-from fleet.cli.app import TASK, App, cli, pass_app
+from fleet.cli.app import SECONDS, TASK, App, cli, count, pass_app
 from fleet.errors import Conflict, FleetError, InputError, TimedOut
 from fleet.model import Status, Task
+from fleet.timeutil import poll_ms
 
 
 @cli.command()
@@ -45,7 +46,7 @@ def pause(app: App, reason: str | None) -> None:
     "--from",
     "checkpoint",
     metavar="N",
-    type=click.IntRange(min=1),
+    type=count(),
     help="With ID: resume from checkpoint N (default: the newest).",
 )
 @pass_app
@@ -98,7 +99,9 @@ def _announce(app: App, tasks: list[Task]) -> None:
 
 @cli.command("wait")
 @click.argument("task_ids", metavar="ID...", nargs=-1, required=True, type=TASK)
-@click.option("-t", "--timeout", type=click.FloatRange(min=0), help="Give up after SECONDS.")
+@click.option(
+    "-t", "--timeout", type=SECONDS, help="Give up after SECONDS (0 or more; none: wait forever)."
+)
 @pass_app
 def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
     """Wait until each task is done, cancelled, blocked or suspended; for a task handed off,
@@ -141,7 +144,7 @@ def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
                     sys.stderr.write("\n")
                 waiting = " ".join(t.id for t in tasks if not _settled(t))
                 raise TimedOut(f"timed out waiting for {waiting}")
-            inotify.read(timeout=None if left is None else int(left * 1000) + 1)
+            inotify.read(timeout=poll_ms(left))
     finally:
         inotify.close()
 

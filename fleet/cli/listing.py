@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from fleet.cli.app import TASK, App, cli, pass_app
+from fleet.cli.app import TASK, App, cli, count, pass_app
 from fleet.model import Status, Task
 from fleet.output import (
     emit_json_texts,
@@ -119,7 +119,7 @@ def ls(
 
 
 @cli.command()
-@click.option("-n", "--limit", type=click.IntRange(min=1), help="Show at most N tasks.")
+@click.option("-n", "--limit", type=count(), help="Show at most N tasks.")
 @output_options
 @pass_app
 def ready(app: App, limit: int | None, fmt: str | None) -> None:

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import click
 
-from fleet.cli.app import TASK, App, cli, pass_app
+from fleet.cli.app import TASK, App, cli, count, pass_app
 from fleet.errors import FleetError, InputError
 
 FIELDS = {
@@ -181,8 +181,8 @@ def journal_records(argv: list[str]) -> Iterator[dict[str, Any]]:
 @cli.command()
 @click.argument("task_id", metavar="ID", type=TASK)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new entries as they come.")
-@click.option("-a", "--attempt", type=click.IntRange(min=1), help="Only this attempt.")
-@click.option("-n", "--lines", type=click.IntRange(min=0), help="Only the last N entries.")
+@click.option("-a", "--attempt", type=count(), help="Only this attempt.")
+@click.option("-n", "--lines", type=count(0), help="Only the last N entries.")
 @click.option(
     "--cursor-file",
     type=click.Path(dir_okay=False, path_type=Path),

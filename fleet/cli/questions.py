@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleet.cli.app import App, cli, pass_app
+from fleet.cli.app import SECONDS, App, cli, pass_app
 from fleet.errors import Conflict, InputError, TimedOut
 from fleet.model import Question, Reply
 from fleet.output import emit_object, emit_objects, emit_table, fmt_of, output_options, shorten
+from fleet.timeutil import poll_ms
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
@@ -92,9 +93,7 @@ def _table(qs: Sequence[Question], everything: bool) -> None:
     is_flag=True,
     help="Block until at least one question is pending, then list the pending ones.",
 )
-@click.option(
-    "-t", "--timeout", type=click.FloatRange(min=0), help="With --wait: give up after SECONDS."
-)
+@click.option("-t", "--timeout", type=SECONDS, help="With --wait: give up after SECONDS.")
 @output_options
 @pass_app
 def questions_cmd(
@@ -133,7 +132,7 @@ def _wait_for_one(app: App, task_id: str | None, timeout: float | None) -> None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimedOut("no question was asked in time")
-            inotify.read(timeout=None if left is None else int(left * 1000) + 1)
+            inotify.read(timeout=poll_ms(left))
     finally:
         inotify.close()
 
@@ -212,8 +211,8 @@ def answer(
 
     refuse_agents()
     who = inputs.by(by) if by is not None else person()
-    if text == "-":
-        text = sys.stdin.read()
+    if text == "-":  # bounded: a longer answer is refused anyway
+        text = inputs.read_arg("-", "answer", 4 * questions.MAX_TEXT)
     q = _target(app, ref)
     done = questions.give(app.paths, app.store, q, Reply(who, text, choices, approved))
     if as_json:

@@ -144,6 +144,6 @@ def _stop(app: App, task_id: str, block: bool) -> None:
     if alive in systemd.ALIVE:
         systemd.stop(scope, [task_id], block=block)
         return
-    directory = taskdir.task_dir(app.paths, task_id)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    taskdir.ring(directory, taskdir.KILL)
+    from fleet.paths import ensure_dir
+
+    taskdir.ring(ensure_dir(taskdir.task_dir(app.paths, task_id)), taskdir.KILL)

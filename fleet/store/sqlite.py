@@ -16,13 +16,14 @@ Invariants:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from fleet import audit, ids
@@ -48,7 +49,7 @@ from fleet.model import (
     TaskEdit,
     TaskSpec,
 )
-from fleet.paths import Paths, ensure_dir
+from fleet.paths import Paths, state_dir
 from fleet.questions import not_pending
 from fleet.store.base import (
     MERGE_CLAIM,
@@ -155,6 +156,34 @@ KEEP_SENT_S = 30 * 86400  # how long a settled question's message still maps a l
 AUDIT_COLUMNS = ", ".join(f.name for f in AUDIT_FIELDS)
 
 
+# SQLite's primary result codes (the low byte of an extended one) that a full disk gives: a
+# write that finds no room says FULL, but growing the -shm index (which every first reader
+# of a WAL database does) or a file fails as IOERR, and creating one as CANTOPEN.
+_SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 10, 13, 14
+
+
+class DiskFull(StoreError):
+    """The disk holding the store has no room left for a write."""
+
+
+def _disk_full(path: object) -> DiskFull:
+    return DiskFull(
+        f"the disk holding the task store {path} is full; nothing was changed",
+        hint="free some space on it; `fleet ls` and `fleet show` still work meanwhile",
+    )
+
+
+def _is_full(e: sqlite3.Error, path: object) -> bool:
+    code = getattr(e, "sqlite_errorcode", 0) & 0xFF
+    if code == _SQLITE_FULL:
+        return True
+    if code not in (_SQLITE_IOERR, _SQLITE_CANTOPEN):
+        return False
+    from fleet.fsutil import nearly_full
+
+    return nearly_full(os.path.dirname(str(path)))
+
+
 @contextmanager
 def _db_errors(path: object) -> Iterator[None]:
     try:
@@ -166,8 +195,12 @@ def _db_errors(path: object) -> Iterator[None]:
                 f"the task store {path} stayed locked for {BUSY_TIMEOUT_S:.0f} s",
                 hint="another program holds a long write transaction on it",
             ) from e
+        if _is_full(e, path):
+            raise _disk_full(path) from e
         raise StoreError(f"task store {path}: {text}") from e
     except sqlite3.DatabaseError as e:
+        if _is_full(e, path):
+            raise _disk_full(path) from e
         raise StoreError(
             f"{path} is not a usable fleet database: {e}",
             hint="move it aside; fleet creates a new, empty store",
@@ -183,21 +216,61 @@ class SQLiteStore:
         self._path = path
         self.actor = actor
         self._trail: list[audit.Row] = []  # the audit rows of the open write transaction
+        self._read_only = False  # opened for reading only, because the disk is full
 
     @classmethod
     def open(cls, paths: Paths, actor: audit.Actor) -> SQLiteStore:
-        ensure_dir(paths.home)
+        state_dir(paths.home)
         try:
             lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # SQLite would create the database with the umask's mode (0644); its -wal and
+            # -shm files take the database's mode, so creating it 0600 first covers all three.
+            new = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            with suppress(FileExistsError):
+                os.close(os.open(paths.db, new, 0o600))
         except OSError as e:
-            raise StoreError(f"cannot open {paths.lock}: {e.strerror}") from e
+            if e.errno == errno.ENOSPC:
+                raise _disk_full(paths.db) from e
+            raise StoreError(f"cannot open {e.filename}: {e.strerror}") from e
         with _db_errors(paths.db):
             db = sqlite3.connect(
                 paths.db, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
             )
         store = cls(db, lock_fd, paths.db, actor)
-        store._prepare()
+        try:
+            try:
+                store._prepare()
+            except DiskFull:
+                store._db.close()
+                store._db = store._reader(paths)
+                store._read_only = True
+        except BaseException:
+            store.close()
+            raise
         return store
+
+    @staticmethod
+    def _reader(paths: Paths) -> sqlite3.Connection:
+        """On a full disk, the store for reading only: SQLite's first reader of a WAL database
+        must create and grow its -shm index, which needs room. Without a -wal file the
+        database file holds every commit, and SQLite reads it as it is (immutable=1, no
+        index); with one, some commits are only there, so nothing can be read."""
+        from urllib.parse import quote
+
+        wal = f"{paths.db}-wal"
+        if os.path.exists(wal) and os.path.getsize(wal) > 0:
+            raise _disk_full(paths.db)
+        with _db_errors(paths.db):
+            db = sqlite3.connect(
+                f"file:{quote(str(paths.db))}?immutable=1",
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            if int(db.execute("PRAGMA user_version").fetchone()[0]) != VERSION:
+                db.close()
+                raise _disk_full(paths.db)  # no room to migrate it
+        return db
 
     def close(self) -> None:
         self._db.close()
@@ -252,7 +325,11 @@ class SQLiteStore:
     def _version(self) -> int:
         version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
         app = int(self._db.execute("PRAGMA application_id").fetchone()[0])
-        if version and app != APPLICATION_ID:
+        # Migration 1 sets the id first thing: a database without it is fleet's only while
+        # it is empty (just created), and another program's whatever its version says.
+        if app != APPLICATION_ID and (
+            version or app or self._db.execute("SELECT 1 FROM sqlite_schema").fetchone()
+        ):
             raise StoreError(
                 f"{self._path} is a SQLite database but not fleet's",
                 hint="point FLEET_HOME at another directory",
@@ -275,15 +352,21 @@ class SQLiteStore:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         with _db_errors(self._path), self._locked():
+            if self._read_only:
+                raise _disk_full(self._path)
             self._db.execute("BEGIN IMMEDIATE")
             self._trail = []
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # SQLite rolls back by itself on some errors (a full disk): a second ROLLBACK
+                # would fail and hide the error that matters.
+                if self._db.in_transaction:
+                    with suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
                 self._trail = []
                 raise
-            self._db.execute("COMMIT")
             # Announce the commit: the WAL's last write comes before the commit is visible
             # (that happens in shared memory, which inotify cannot see); this comes after.
             os.utime(self._lock_fd)
@@ -495,20 +578,24 @@ class SQLiteStore:
                         raise BadSpec(i, f"no task in this batch has ref {dep[4:]!r}")
                     if dep in spec.after:
                         edges.setdefault(i, []).append(index[dep[4:]])
+        # Depth first, with a stack of its own: a chain of thousands of refs is a fine batch.
         state: dict[int, int] = {}  # 1: on the current path, 2: finished
-
-        def visit(node: int) -> None:
-            state[node] = 1
-            for nxt in edges.get(node, ()):
-                if state.get(nxt) == 1:
+        for start in list(edges):
+            if start in state:
+                continue
+            state[start] = 1
+            path = [(start, iter(edges.get(start, ())))]
+            while path:
+                node, nexts = path[-1]
+                nxt = next(nexts, None)
+                if nxt is None:
+                    state[node] = 2
+                    path.pop()
+                elif state.get(nxt) == 1:
                     raise BadSpec(node, "dependency cycle within the batch")
-                if nxt not in state:
-                    visit(nxt)
-            state[node] = 2
-
-        for node in list(edges):
-            if node not in state:
-                visit(node)
+                elif nxt not in state:
+                    state[nxt] = 1
+                    path.append((nxt, iter(edges.get(nxt, ()))))
 
     @staticmethod
     def _heir(db: sqlite3.Connection, task_id: str) -> str:
