@@ -2,9 +2,10 @@
 
 Under an exclusive lock (so concurrent passes on a host never exceed the cap): consume the wake
 poke, recover stale claims (lease expired and unit not alive: back to ready, attempt recorded as
-lost), then claim up to `max_concurrent` minus this host's live claims, honouring the pause and
-per-coder gates, and start a fleet-task@ID unit for each. Claims whose unit cannot be started
-are released at once, so no task is stranded.
+lost), close the gates of coders over their daily budget (fleet.budget), then claim up to
+`max_concurrent` minus this host's live claims, honouring the pause and per-coder gates, and
+start a fleet-task@ID unit for each. Claims whose unit cannot be started are released at once,
+so no task is stranded.
 
 The commands that make work ready (`fleet add`, `fleet retry`, `fleet resume`) run the same pass
 themselves when they can start this queue's units (`dispatch_or_wake`): that takes the path
@@ -23,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from fleet import systemd, wake
+from fleet import budget, systemd, wake
 from fleet.config import Config
 from fleet.errors import FleetError
 from fleet.host import owner
@@ -77,6 +78,7 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: boo
     with dispatch_lock(paths, wait):
         wake.consume(paths)
         recovered = recover(store, scope, me)
+        budget.check(store, config)  # close the gates of coders over their daily budget
         running = len(store.claims(me))
         free = config.get_int("max_concurrent") - running
         claimed = store.claim(

@@ -20,13 +20,14 @@ attempt `not-started` and the person's status kept.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from fleet import live, taskdir, usage, wake
 from fleet import outcome as outcome_file
-from fleet import taskdir, wake
 from fleet.config import Config
 from fleet.errors import Conflict, FleetError
 from fleet.host import owner
@@ -50,6 +51,7 @@ OUTCOMES = (
     "suspended",  # a person suspended the task: it stays suspended until resumed, no count
     "handed-off",  # the task went to a successor meanwhile: it stays handed-off, no count
     "waiting",  # ended well, waiting for subtasks: ready again once they are done, no count
+    "budget",  # stopped at the task's max_cost_usd or max_tokens: blocked with the figure
 )
 REQUEUED = ("interrupted", "rate-limited", "context-pressure")
 FAILURES = ("failure", "timeout", "oom", "watchdog", "lost")
@@ -148,7 +150,7 @@ def classify(
         return "noclose", "the agent finished without closing the task"
     if found.verdict == "killed":
         return "killed", found.stopped_by or found.reason
-    if found.verdict in ("rate-limited", "context-pressure"):
+    if found.verdict in ("rate-limited", "context-pressure", "budget"):
         return found.verdict, found.reason or found.verdict
     return "failure", found.reason or "failed"
 
@@ -165,6 +167,8 @@ def policy(task: Task, kind: str, reason: str, config: Config) -> tuple[Status, 
         return Status.HANDED_OFF, reason
     if kind == "waiting":
         return Status.READY, reason
+    if kind == "budget":
+        return Status.BLOCKED, f"budget: {reason}"
     if kind in REQUEUED:
         return Status.READY, f"{kind}: {reason}"
     if kind == "noclose":
@@ -218,23 +222,63 @@ def settle(
     count: Count | None = (
         "failure" if kind in FAILURES else "noclose" if kind == "noclose" else None
     )
-    end = AttemptEnd(
-        kind,
-        exit_status=found.exit_status if found else _exit_status(service),
-        tokens_in=found.tokens_in if found else None,
-        tokens_out=found.tokens_out if found else None,
-        cost=found.cost if found else None,
-        session_id=found.session if found else None,
-    )
+    end = ending(paths, task, kind, found, service)
     try:
         after = store.finish(task_id, owner(), end, status, why, count, ahead)
     except Conflict:
         return None  # someone else reaped it meanwhile
+    live.remove(paths, task_id)
     if after.status == Status.MERGING:
         after = merge_back(paths, store, config, after)
     wake.poke(paths)
     alert(paths, config, task, after, kind)
     return kind
+
+
+def ending(
+    paths: Paths,
+    task: Task,
+    kind: str,
+    found: outcome_file.Outcome | None,
+    service: Service | None,
+) -> AttemptEnd:
+    """The attempt's record: what its runner wrote, or for a runner that died without an
+    outcome, its spend as its live figures last had it (fleet.live)."""
+    exit_status = found.exit_status if found else _exit_status(service)
+    if found is None:
+        figures = live.read(paths, task.id, task.attempts) or {}
+        spent: dict[str, Any] = {
+            "tokens_in": figures.get("tokens_in"),
+            "tokens_out": figures.get("tokens_out"),
+            "cost": figures.get("cost"),
+            "session": figures.get("session"),
+            "cache_read": figures.get("cache_read"),
+            "cache_write": figures.get("cache_write"),
+            "cost_source": figures.get("cost_source"),
+            "model": figures.get("model"),
+            "usage": figures.get("usage"),
+        }
+    else:
+        spent = found._asdict()
+    totals = found.session_totals if found else None
+    return AttemptEnd(
+        kind,
+        exit_status=exit_status,
+        tokens_in=spent["tokens_in"],
+        tokens_out=spent["tokens_out"],
+        cost=spent["cost"],
+        session_id=spent["session"],
+        cache_read=spent["cache_read"],
+        cache_write=spent["cache_write"],
+        cost_source=spent["cost_source"],
+        model=spent["model"],
+        usage=tuple(
+            tuple(m.get(k) for k in usage.ModelSpend._fields)
+            for m in spent["usage"] or ()
+            if isinstance(m, dict)
+        ),
+        session_totals=json.dumps(totals) if totals else None,
+    )
 
 
 def release_refused(
@@ -342,7 +386,7 @@ def hold_back(
     if gate is None or gate[0] is None:
         resets = found.resets_at if found and found.resets_at else None
         until = resets or time.time() + config.get_int("rate_limit_backoff_seconds")
-        store.set_gate(f"coder:{coder}", iso(until), f"{coder} rate-limited")
+        store.set_gate(f"coder:{coder}", iso(until), f"{coder} rate-limited", kind="rate-limit")
         wake_at = until
     else:
         wake_at = parse(gate[0])

@@ -262,7 +262,18 @@ def test_usage_context_and_windows_come_from_the_session_file(tmp_path: Path) ->
     coder.prepare(spec(tmp_path))
     assert coder.parse(json.dumps({"type": "thread.started", "thread_id": thread}))[0].session
     events = list(coder.parse('{"type":"turn.started"}'))
-    assert events == [Event(Kind.USAGE, tokens_in=1200, tokens_out=30, context=1230)]
+    (call,) = events[0].calls
+    assert [e._replace(calls=()) for e in events] == [
+        Event(Kind.USAGE, tokens_in=1200, tokens_out=30, context=1230)
+    ]
+    # The call's own tokens, disjoint: 1200 input of which 500 were read from the cache.
+    assert (call.model, call.input, call.cache_read, call.cache_write, call.output) == (
+        "gpt-fake",
+        700,
+        500,
+        0,
+        30,
+    )
     # The rest, with half a line at the end (codex still writing it) and some junk.
     rest = "".join(line + "\n" for line in lines[first_call + 1 :])
     with path.open("a") as f:
@@ -275,7 +286,7 @@ def test_usage_context_and_windows_come_from_the_session_file(tmp_path: Path) ->
         ("seven_day", "allowed", 0.4, 1796121932.0),
         ("five_hour", "allowed_warning", 0.915, 1796039132.0),
     ]
-    assert of(events, Kind.USAGE)[-1] == Event(
+    assert of(events, Kind.USAGE)[-1]._replace(calls=()) == Event(
         Kind.USAGE, tokens_in=2400, tokens_out=60, context=1230
     )
     assert events[-1].kind == Kind.RAW  # the line itself: a reasoning item

@@ -388,6 +388,21 @@ class SQLiteStore:
             ).fetchall()
         return [Attempt(*row) for row in rows]
 
+    def session_totals(self, task_id: str, session_id: str) -> dict[str, Any] | None:
+        with self._read() as db:
+            row = db.execute(
+                "SELECT session_totals FROM attempts WHERE task = ? AND session_id = ?"
+                " AND session_totals IS NOT NULL ORDER BY n DESC LIMIT 1",
+                (task_id, session_id),
+            ).fetchone()
+        if row is None:
+            return None
+        try:
+            found = json.loads(row[0])
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
+
     def ids_with_prefix(self, prefix: str, limit: int) -> list[tuple[str, str]]:
         with self._read() as db:
             rows = db.execute(
@@ -524,8 +539,8 @@ class SQLiteStore:
             try:
                 db.execute(
                     "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
-                    " labels, created_at, updated_at, isolation, base, merge)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " labels, created_at, updated_at, isolation, base, merge, max_cost_usd,"
+                    " max_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         task_id,
                         spec.title,
@@ -540,6 +555,8 @@ class SQLiteStore:
                         spec.isolation,
                         spec.base,
                         spec.merge,
+                        spec.max_cost_usd,
+                        spec.max_tokens,
                     ),
                 )
             except sqlite3.IntegrityError as e:
@@ -565,7 +582,16 @@ class SQLiteStore:
                     hint="add a new task for the other directory",
                 )
             sets: dict[str, Any] = {}
-            for name in ("title", "description", "cwd", "coder", "model", "priority"):
+            for name in (
+                "title",
+                "description",
+                "cwd",
+                "coder",
+                "model",
+                "priority",
+                "max_cost_usd",
+                "max_tokens",
+            ):
                 value = getattr(change, name)
                 if value is not None:
                     sets[name] = value
@@ -941,7 +967,7 @@ class SQLiteStore:
             " attempts = attempts + 1, coder = COALESCE(coder, ?),"
             " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
             " updated_at = ? WHERE id = ? AND status = 'ready' AND claimed_by IS NULL"
-            " RETURNING attempts",
+            " RETURNING attempts, coder, model",
             (
                 owner,
                 iso(time.time() + lease_s),
@@ -955,8 +981,9 @@ class SQLiteStore:
         if row is None:
             return None
         db.execute(
-            "INSERT INTO attempts (task, n, owner, started_at) VALUES (?, ?, ?, ?)",
-            (task_id, row[0], owner, now),
+            "INSERT INTO attempts (task, n, owner, started_at, coder, model)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (task_id, row[0], owner, now, row[1], row[2]),
         )
         self._audit(db, task_id, "claimed", attempt=row[0], owner=owner)
         return task_id
@@ -999,17 +1026,147 @@ class SQLiteStore:
         with self._read() as db:
             return self._open_gates(db)
 
-    def set_gate(self, name: str, until: str | None, reason: str | None) -> None:
+    def open_gates(self) -> list[dict[str, Any]]:
+        keys = ("name", "until", "reason", "kind", "by", "window", "since")
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT name, until, reason, kind, by, window, created_at FROM gates"
+                " WHERE until IS NULL OR until > ? ORDER BY name",
+                (now_iso(),),
+            ).fetchall()
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    def set_gate(
+        self,
+        name: str,
+        until: str | None,
+        reason: str | None,
+        kind: str | None = None,
+        window: str | None = None,
+    ) -> None:
+        now = now_iso()
+        kind = kind or ("pause" if name == "pause" else "rate-limit")
         with self._write() as db:
             db.execute(
-                "INSERT OR REPLACE INTO gates (name, until, reason, created_at)"
-                " VALUES (?, ?, ?, ?)",
-                (name, until, reason, now_iso()),
+                "INSERT OR REPLACE INTO gates (name, until, reason, created_at, by, kind, window)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (name, until, reason, now, self.actor.by, kind, window),
             )
+            # The timeline: a gate still open is extended (or changed), else a new one opens.
+            row = db.execute(
+                "UPDATE gate_log SET until = ?, reason = ?, kind = ?, window = ? WHERE id ="
+                " (SELECT max(id) FROM gate_log WHERE name = ? AND ended_at IS NULL"
+                " AND (until IS NULL OR until > ?)) RETURNING id",
+                (until, reason, kind, window, name, now),
+            ).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO gate_log (name, kind, reason, by, window, started_at, until)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (name, kind, reason, self.actor.by, window, now, until),
+                )
 
     def clear_gate(self, name: str) -> bool:
+        now = now_iso()
         with self._write() as db:
+            db.execute(
+                "UPDATE gate_log SET ended_at = ? WHERE name = ? AND ended_at IS NULL"
+                " AND (until IS NULL OR until > ?)",
+                (now, name, now),
+            )
             return db.execute("DELETE FROM gates WHERE name = ?", (name,)).rowcount > 0
+
+    # -- figures for fleet.status and fleet.stats (plain SQL a PostgreSQL store can run) -------
+
+    def gate_log(self, since: str | None, until: str | None) -> list[dict[str, Any]]:
+        """Every gate open at some time in [since, until), oldest first; `end` is when it was
+        lifted, or its `until` (null: open, indefinitely)."""
+        keys = ("name", "kind", "reason", "by", "window", "start", "end")
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT name, kind, reason, by, window, started_at, COALESCE(ended_at, until)"
+                " FROM gate_log WHERE (? IS NULL OR started_at < ?)"
+                " AND (? IS NULL OR COALESCE(ended_at, until) IS NULL"
+                " OR COALESCE(ended_at, until) > ?) ORDER BY started_at, id",
+                (until, until, since, since),
+            ).fetchall()
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    def attempt_rows(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
+        """The attempts that ended in [since, until), with what `fleet stats` groups them by:
+        (task, n, started_at, ended_at, outcome, coder, model, tokens_in, tokens_out,
+        tokens_cache_read, tokens_cache_write, cost, cost_source, cwd, labels, task_coder,
+        task_model)."""
+        with self._read() as db:
+            return db.execute(
+                "SELECT a.task, a.n, a.started_at, a.ended_at, a.outcome, a.coder, a.model,"
+                " a.tokens_in, a.tokens_out, a.tokens_cache_read, a.tokens_cache_write, a.cost,"
+                " a.cost_source, t.cwd, t.labels, t.coder, t.model"
+                " FROM attempts a JOIN tasks t ON t.id = a.task"
+                " WHERE a.ended_at IS NOT NULL AND (? IS NULL OR a.ended_at >= ?)"
+                " AND (? IS NULL OR a.ended_at < ?)",
+                (since, since, until, until),
+            ).fetchall()
+
+    def usage_rows(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
+        """Tokens and cost by model of the attempts that ended in [since, until): (task,
+        attempt, coder, model, calls, input, output, cache_read, cache_write, cost,
+        cost_source)."""
+        with self._read() as db:
+            return db.execute(
+                "SELECT u.task, u.attempt, a.coder, u.model, u.calls, u.input, u.output,"
+                " u.cache_read, u.cache_write, u.cost, u.cost_source"
+                " FROM attempt_usage u JOIN attempts a ON a.task = u.task AND a.n = u.attempt"
+                " WHERE (? IS NULL OR a.ended_at >= ?) AND (? IS NULL OR a.ended_at < ?)",
+                (since, since, until, until),
+            ).fetchall()
+
+    def finished_rows(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
+        """Tasks done in [since, until): (id, finished_at, attempts, coder, model, cwd,
+        labels)."""
+        with self._read() as db:
+            return db.execute(
+                "SELECT id, finished_at, attempts, coder, model, cwd, labels FROM tasks"
+                " WHERE status = 'done' AND finished_at IS NOT NULL"
+                " AND (? IS NULL OR finished_at >= ?) AND (? IS NULL OR finished_at < ?)",
+                (since, since, until, until),
+            ).fetchall()
+
+    def status_counts(self) -> dict[str, int]:
+        """Tasks by status, and `waiting`: ready ones whose dependencies are not all done."""
+        with self._read() as db:
+            rows = db.execute("SELECT status, count(*) FROM tasks GROUP BY status").fetchall()
+            waiting = db.execute(
+                f"SELECT count(*) FROM tasks t WHERE t.status = 'ready' AND NOT ({READY_WHERE})"
+            ).fetchone()[0]
+        counts = {str(status): int(n) for status, n in rows}
+        counts["waiting"] = int(waiting)
+        return counts
+
+    def spent_since(self, since: str) -> dict[str, float]:
+        """Cost by coder of the attempts that ended at or after `since` (daily budgets)."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT coder, sum(cost) FROM attempts WHERE ended_at >= ? AND cost IS NOT NULL"
+                " GROUP BY coder",
+                (since,),
+            ).fetchall()
+        return {str(coder): float(total) for coder, total in rows if coder}
+
+    def attempt_usage(self, task_id: str) -> dict[int, list[dict[str, Any]]]:
+        """Tokens and cost by model of each attempt of the task."""
+        keys = ("model", "calls", "input", "output", "cache_read", "cache_write", "cost")
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT attempt, model, calls, input, output, cache_read, cache_write, cost,"
+                " cost_source FROM attempt_usage WHERE task = ? ORDER BY attempt, model",
+                (task_id,),
+            ).fetchall()
+        out: dict[int, list[dict[str, Any]]] = {}
+        for attempt, *values in rows:
+            entry = dict(zip((*keys, "cost_source"), values, strict=True))
+            out.setdefault(int(attempt), []).append(entry)
+        return out
 
     def record_gauge(
         self,
@@ -1088,6 +1245,12 @@ class SQLiteStore:
                 " tokens_out = CASE WHEN ? IS NULL THEN tokens_out"
                 " ELSE COALESCE(tokens_out, 0) + ? END,"
                 " cost = CASE WHEN ? IS NULL THEN cost ELSE COALESCE(cost, 0) + ? END,"
+                " tokens_cache_read = CASE WHEN ? IS NULL THEN tokens_cache_read"
+                " ELSE COALESCE(tokens_cache_read, 0) + ? END,"
+                " tokens_cache_write = CASE WHEN ? IS NULL THEN tokens_cache_write"
+                " ELSE COALESCE(tokens_cache_write, 0) + ? END,"
+                " cost_source = CASE WHEN ? IS NULL THEN cost_source WHEN cost_source IS NULL"
+                " OR cost_source = ? THEN ? ELSE 'mixed' END,"
                 " ahead = COALESCE(?, ahead),"
                 # The attempt that ends has used the checkpoint it was to resume from.
                 " resume_from = CASE WHEN ? = 'not-started' THEN resume_from END,"
@@ -1105,6 +1268,13 @@ class SQLiteStore:
                     end.tokens_out,
                     end.cost,
                     end.cost,
+                    end.cache_read,
+                    end.cache_read,
+                    end.cache_write,
+                    end.cache_write,
+                    end.cost_source,
+                    end.cost_source,
+                    end.cost_source,
                     ahead,
                     end.outcome,
                     now,
@@ -1119,7 +1289,9 @@ class SQLiteStore:
                 )
             db.execute(
                 "UPDATE attempts SET ended_at = ?, outcome = ?, exit_status = ?, tokens_in = ?,"
-                " tokens_out = ?, cost = ?, session_id = COALESCE(?, session_id)"
+                " tokens_out = ?, cost = ?, session_id = COALESCE(?, session_id),"
+                " tokens_cache_read = ?, tokens_cache_write = ?, cost_source = ?,"
+                " model = COALESCE(?, model), session_totals = ?"
                 " WHERE task = ? AND n = ?",
                 (
                     now,
@@ -1129,9 +1301,20 @@ class SQLiteStore:
                     end.tokens_out,
                     end.cost,
                     end.session_id,
+                    end.cache_read,
+                    end.cache_write,
+                    end.cost_source,
+                    end.model,
+                    end.session_totals,
                     task_id,
                     row[0],
                 ),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO attempt_usage (task, attempt, model, calls, input,"
+                " output, cache_read, cache_write, cost, cost_source)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(task_id, row[0], *model) for model in end.usage],
             )
             if status == Status.MERGING:
                 # The task was closed during the attempt (the agent's own close, usually):
