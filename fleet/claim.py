@@ -17,7 +17,9 @@ the same pass, only run by fleet-claim.service.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -77,26 +79,53 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: boo
     me = owner()
     with dispatch_lock(paths, wait):
         wake.consume(paths)
-        recovered = recover(store, scope, me)
-        budget.check(store, config)  # close the gates of coders over their daily budget
-        running = len(store.claims(me))
-        free = config.get_int("max_concurrent") - running
-        claimed = store.claim(
-            free,
-            me,
-            config.get_int("lease_seconds"),
-            config.get_str("default_coder"),
-            config.get_str("default_model"),
-        )
-        ids = [t.id for t in claimed]
         try:
-            systemd.start(scope, ids)
+            recovered = recover(store, scope, me)
+            budget.check(store, config)  # close the gates of coders over their daily budget
+            running = len(store.claims(me))
+            free = config.get_int("max_concurrent") - running
+            claimed = store.claim(
+                free,
+                me,
+                config.get_int("lease_seconds"),
+                config.get_str("default_coder"),
+                config.get_str("default_model"),
+            )
+            ids = [t.id for t in claimed]
+            try:
+                systemd.start(scope, ids)
+            except FleetError as e:
+                for task_id in ids:
+                    store.release(task_id, me, AttemptEnd("not-started"))
+                sys.stderr.write(f"fleet-claim: cannot start units, released {len(ids)}: {e}\n")
+                raise
         except FleetError as e:
-            for task_id in ids:
-                store.release(task_id, me, AttemptEnd("not-started"))
-            sys.stderr.write(f"fleet-claim: cannot start units, released {len(ids)}: {e}\n")
+            record(paths, {"error": e.message})
             raise
-        return Pass(recovered, ids, running + len(ids))
+        done = Pass(recovered, ids, running + len(ids))
+        record(paths, {"started": len(ids), "recovered": len(recovered), "running": done.running})
+        return done
+
+
+LAST_PASS = "claim.last"  # in FLEET_HOME: what the last dispatch pass did (`fleet status`)
+
+
+def record(paths: Paths, what: dict[str, object]) -> None:
+    """Note the pass that just ended (a failure to write it is no failure of the pass)."""
+    from fleet.fsutil import write_atomic
+
+    data = json.dumps({"at": now_iso(), "error": None, **what}).encode()
+    with contextlib.suppress(OSError):
+        write_atomic(paths.home / LAST_PASS, data, durable=False)
+
+
+def last_pass(paths: Paths) -> dict[str, object] | None:
+    """What the last dispatch pass did: at, started, recovered, running, error; or None."""
+    try:
+        found = json.loads((paths.home / LAST_PASS).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def can_start_units(paths: Paths, scope: Scope) -> bool:

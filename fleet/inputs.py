@@ -121,3 +121,25 @@ def reason(text: str) -> str:
     if len(text) > 10_000:
         raise InputError("the reason is longer than 10,000 characters")
     return text
+
+
+def amount(field: str, text: str) -> float:
+    """A sum of money in US dollars: a finite number, at least 0."""
+    try:
+        value = float(text.strip().removeprefix("$"))
+    except ValueError:
+        raise InputError(f"{field} must be a number of US dollars, not {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise InputError(f"{field} must be a number of US dollars, at least 0")
+    return value
+
+
+def count(field: str, text: str) -> int:
+    """A whole number, at least 0."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise InputError(f"{field} must be a whole number, not {text!r}") from None
+    if value < 0:
+        raise InputError(f"{field} must be at least 0")
+    return value

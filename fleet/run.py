@@ -122,7 +122,15 @@ class Limits(NamedTuple):
     spent_tokens: int = 0
 
     @classmethod
-    def of(cls, config: Config, coder: Coder, model: str | None, task: Task) -> Limits:
+    def of(
+        cls,
+        config: Config,
+        coder: Coder,
+        model: str | None,
+        task: Task,
+        spent: tuple[float, int] = (0.0, 0),
+    ) -> Limits:
+        """`spent`: what the task's budget has used up so far (lineage.spent)."""
         table: dict[str, int] = config.values["context_limits"]
         keys = [k for k in table if model and k in model]
         window = table[max(keys, key=len)] if keys else coder.default_context
@@ -134,8 +142,7 @@ class Limits(NamedTuple):
             float(config.get_int("rate_limit_backoff_seconds")),
             max_cost,
             max_tokens,
-            task.cost or 0.0,
-            (task.tokens_in or 0) + (task.tokens_out or 0),
+            *spent,
         )
 
     def pressure(self, context: int | None) -> bool:
@@ -198,6 +205,7 @@ class Attempt:
         self.spent = usage.NOTHING
         self.budget: str | None = None  # what reached the task's budget
         self._published: dict[str, object] = {}
+        self.started_at = iso(time.time())
         self._partial = bytearray()
         self._skipping = False
 
@@ -280,6 +288,7 @@ class Attempt:
         figures: dict[str, object] = {
             "task": self.task.id,
             "attempt": self.task.attempts,
+            "started_at": self.started_at,
             "coder": self.coder_name,
             "model": spent.model or self.task.model,
             "phase": "stopping" if self.stopped_by else "asking" if self.asking else "working",
@@ -587,7 +596,8 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     except FleetError as e:
         notifier.ready("not started")
         return finish("error", e.message, None, Tally())
-    reached = Limits.of(config, coder, task.model, task).over_budget(usage.NOTHING)
+    spent = lineage.spent(store, task)
+    reached = Limits.of(config, coder, task.model, task, spent).over_budget(usage.NOTHING)
     if reached:  # its earlier attempts spent it all: never start an agent that must stop
         notifier.ready("not started")
         return finish(BUDGET, reached, None, Tally())
@@ -679,7 +689,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
             float(config.get_int("lease_seconds")),
             float(config.get_int("stop_grace_seconds")),
             proc.pid,
-            Limits.of(config, coder, coder.model(spec), task),
+            Limits.of(config, coder, coder.model(spec), task, spent),
             prices,
             paths,
         )

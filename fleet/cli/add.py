@@ -39,6 +39,8 @@ BATCH_KEYS = (
     "base",
     "merge",
     "parent_waits",
+    "max_cost_usd",
+    "max_tokens",
 )
 
 
@@ -92,6 +94,21 @@ BATCH_KEYS = (
     " [default: the merge_strategy setting].",
 )
 @click.option(
+    "--max-cost",
+    "max_cost",
+    type=click.FloatRange(min=0),
+    metavar="USD",
+    help="Budget in US dollars over all the task's attempts: reached, the attempt stops and the"
+    " task is blocked with the figure (0: none) [default: the max_cost_usd setting].",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Budget in tokens (input and output) over all the task's attempts (0: none) [default:"
+    " the max_tokens setting].",
+)
+@click.option(
     "--batch",
     metavar="FILE|-",
     help="Add many tasks from a file of JSON lines (keys as the options, parent_waits for"
@@ -114,6 +131,8 @@ def add(
     isolation: str | None,
     base: str | None,
     merge: str | None,
+    max_cost: float | None,
+    max_tokens: int | None,
     batch: str | None,
     fmt: str | None,
 ) -> None:
@@ -142,6 +161,11 @@ def add(
                 "--isolation, --base and --merge do not apply to --batch",
                 hint="give the keys isolation, base and merge on the batch's lines",
             )
+        if max_cost is not None or max_tokens is not None:
+            raise InputError(
+                "--max-cost and --max-tokens do not apply to --batch",
+                hint="give the keys max_cost_usd and max_tokens on the batch's lines",
+            )
         specs, lines = read_batch(app, batch, inputs.cwd(cwd) if cwd else None)
     else:
         if title is None:
@@ -167,6 +191,8 @@ def add(
                 base=base,
                 merge=merge,
                 parent_waits=parent_waits,
+                max_cost_usd=max_cost,
+                max_tokens=max_tokens,
             )
         ]
     try:
@@ -324,6 +350,18 @@ def _spec(
     if waits and not parent:
         raise InputError("parent_waits needs parent", hint='add "parent": "ID" to the line')
     base = text("base")
+    max_cost = obj.get("max_cost_usd")
+    if max_cost is not None and (
+        isinstance(max_cost, bool)
+        or not isinstance(max_cost, int | float)
+        or not 0 <= max_cost < float("inf")
+    ):
+        raise InputError("max_cost_usd must be a number of US dollars, at least 0")
+    max_tokens = obj.get("max_tokens")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
+    ):
+        raise InputError("max_tokens must be a whole number of tokens, at least 0")
     parent_ref = task_ref(parent) if parent else None
     # A subtask works where its parent does, with its isolation, base and strategy, unless
     # the line says otherwise: as `fleet add --parent` does.
@@ -355,4 +393,6 @@ def _spec(
         base=base,
         merge=merge,
         parent_waits=waits,
+        max_cost_usd=None if max_cost is None else float(max_cost),
+        max_tokens=max_tokens,
     )

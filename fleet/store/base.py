@@ -86,6 +86,7 @@ class TaskFilter(NamedTuple):
     include_final: bool = False
     label: str | None = None
     cwd: str | None = None  # the directory or anything below it
+    limit: int | None = None  # at most this many, oldest first
 
 
 class Store(Protocol):
@@ -106,8 +107,20 @@ class Store(Protocol):
         """The same tasks as `tasks`, each already encoded as a JSON object (fast path)."""
         ...
 
-    def ready(self, limit: int | None = None) -> list[Task]:
-        """What `claim` would take next, in claim order."""
+    def count(self, flt: TaskFilter) -> int:
+        """How many tasks `tasks(flt)` would list without its limit."""
+        ...
+
+    def ready(
+        self,
+        limit: int | None = None,
+        coders: tuple[str, ...] | None = None,
+        default_coder: str = "",
+        among: bool = True,
+    ) -> list[Task]:
+        """What `claim` would take next, in claim order, gates aside; with `coders`, only the
+        tasks of those coders (a task naming none has `default_coder`), or with among=False
+        only those of the others."""
         ...
 
     def attempts(self, task_id: str) -> list[Attempt]: ...
@@ -213,7 +226,13 @@ class Store(Protocol):
         ...
 
     # Figures (fleet.status, fleet.stats, daily budgets)
-    def status_counts(self) -> dict[str, int]: ...
+    def status_counts(self) -> dict[str, int]:
+        """How many tasks are in each status."""
+        ...
+
+    def ready_by_coder(self, default_coder: str) -> dict[str, int]:
+        """How many tasks `claim` could take now (gates aside), by coder."""
+        ...
 
     def attempt_rows(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]: ...
 

@@ -344,7 +344,8 @@ class SQLiteStore:
         with self._read() as db:
             return self._fetch(db, task_id)
 
-    def _list_sql(self, flt: TaskFilter) -> tuple[str, list[Any]]:
+    @staticmethod
+    def _where(flt: TaskFilter) -> tuple[str, list[Any]]:
         where: list[str] = []
         args: list[Any] = []
         if flt.statuses:
@@ -360,10 +361,19 @@ class SQLiteStore:
             base = flt.cwd.rstrip("/") + "/"
             where.append("(t.cwd = ? OR substr(t.cwd, 1, ?) = ?)")
             args.extend((flt.cwd, len(base), base))
-        sql = f"SELECT {TASK_JSON} FROM tasks t"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        return sql + " ORDER BY t.seq", args
+        return (" WHERE " + " AND ".join(where)) if where else "", args
+
+    def _list_sql(self, flt: TaskFilter) -> tuple[str, list[Any]]:
+        where, args = self._where(flt)
+        sql = f"SELECT {TASK_JSON} FROM tasks t{where} ORDER BY t.seq"
+        if flt.limit is not None:
+            return sql + " LIMIT ?", [*args, flt.limit]
+        return sql, args
+
+    def count(self, flt: TaskFilter) -> int:
+        where, args = self._where(flt)
+        with self._read() as db:
+            return int(db.execute(f"SELECT count(*) FROM tasks t{where}", args).fetchone()[0])
 
     def list_json(self, flt: TaskFilter) -> Iterator[str]:
         sql, args = self._list_sql(flt)
@@ -375,10 +385,23 @@ class SQLiteStore:
         for text in self.list_json(flt):
             yield Task.from_json(json.loads(text))
 
-    def ready(self, limit: int | None = None) -> list[Task]:
-        sql = f"SELECT {TASK_JSON} FROM tasks t WHERE {READY_WHERE} ORDER BY t.priority, t.seq"
+    def ready(
+        self,
+        limit: int | None = None,
+        coders: tuple[str, ...] | None = None,
+        default_coder: str = "",
+        among: bool = True,
+    ) -> list[Task]:
+        where, args = READY_WHERE, []
+        if coders is not None:
+            where += (
+                f" AND COALESCE(t.coder, ?) {'' if among else 'NOT '}IN"
+                f" ({','.join('?' * len(coders))})"
+            )
+            args = [default_coder, *coders]
+        sql = f"SELECT {TASK_JSON} FROM tasks t WHERE {where} ORDER BY t.priority, t.seq LIMIT ?"
         with self._read() as db:
-            rows = db.execute(sql + " LIMIT ?", (-1 if limit is None else limit,)).fetchall()
+            rows = db.execute(sql, (*args, -1 if limit is None else limit)).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
 
     def attempts(self, task_id: str) -> list[Attempt]:
@@ -1133,15 +1156,18 @@ class SQLiteStore:
             ).fetchall()
 
     def status_counts(self) -> dict[str, int]:
-        """Tasks by status, and `waiting`: ready ones whose dependencies are not all done."""
         with self._read() as db:
             rows = db.execute("SELECT status, count(*) FROM tasks GROUP BY status").fetchall()
-            waiting = db.execute(
-                f"SELECT count(*) FROM tasks t WHERE t.status = 'ready' AND NOT ({READY_WHERE})"
-            ).fetchone()[0]
-        counts = {str(status): int(n) for status, n in rows}
-        counts["waiting"] = int(waiting)
-        return counts
+        return {str(status): int(n) for status, n in rows}
+
+    def ready_by_coder(self, default_coder: str) -> dict[str, int]:
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT COALESCE(t.coder, ?), count(*) FROM tasks t WHERE {READY_WHERE}"
+                " GROUP BY COALESCE(t.coder, ?)",
+                (default_coder, default_coder),
+            ).fetchall()
+        return {str(coder): int(n) for coder, n in rows}
 
     def spent_since(self, since: str) -> dict[str, float]:
         """Cost by coder of the attempts that ended at or after `since` (daily budgets)."""
