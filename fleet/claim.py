@@ -17,16 +17,14 @@ the same pass, only run by fleet-claim.service.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import json
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from fleet import budget, systemd, wake
+from fleet import budget, live, systemd, wake
 from fleet.config import Config
 from fleet.errors import FleetError
 from fleet.host import owner
@@ -100,32 +98,12 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: boo
                 sys.stderr.write(f"fleet-claim: cannot start units, released {len(ids)}: {e}\n")
                 raise
         except FleetError as e:
-            record(paths, {"error": e.message})
+            live.record_pass(paths, {"error": e.message})
             raise
         done = Pass(recovered, ids, running + len(ids))
-        record(paths, {"started": len(ids), "recovered": len(recovered), "running": done.running})
+        what = {"started": len(ids), "recovered": len(recovered), "running": done.running}
+        live.record_pass(paths, what)
         return done
-
-
-LAST_PASS = "claim.last"  # in FLEET_HOME: what the last dispatch pass did (`fleet status`)
-
-
-def record(paths: Paths, what: dict[str, object]) -> None:
-    """Note the pass that just ended (a failure to write it is no failure of the pass)."""
-    from fleet.fsutil import write_atomic
-
-    data = json.dumps({"at": now_iso(), "error": None, **what}).encode()
-    with contextlib.suppress(OSError):
-        write_atomic(paths.home / LAST_PASS, data, durable=False)
-
-
-def last_pass(paths: Paths) -> dict[str, object] | None:
-    """What the last dispatch pass did: at, started, recovered, running, error; or None."""
-    try:
-        found = json.loads((paths.home / LAST_PASS).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
 
 
 def can_start_units(paths: Paths, scope: Scope) -> bool:

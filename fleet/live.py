@@ -7,7 +7,9 @@ Invariants:
 - a file names its attempt, and a reader ignores one of another attempt than the task's;
 - `fleet status` reads the files of running tasks, `fleet status --watch` watches the directory
   with inotify, and fleet-reap takes the spend of an attempt whose runner died without an
-  outcome from its file, then removes it.
+  outcome from its file, then removes it;
+- beside them, `FLEET_HOME/claim.last` says what the last dispatch pass did (written by
+  fleet-claim's pass at its end, whether it worked or failed).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fleet.fsutil import write_atomic
 from fleet.paths import Paths, ensure_dir
 
 DIR = "live"
+LAST_PASS = "claim.last"
 
 
 def directory(paths: Paths) -> Path:
@@ -53,3 +56,22 @@ def read(paths: Paths, task_id: str, attempt: int | None = None) -> dict[str, An
 def remove(paths: Paths, task_id: str) -> None:
     with contextlib.suppress(OSError):
         path(paths, task_id).unlink()
+
+
+def record_pass(paths: Paths, what: dict[str, Any]) -> None:
+    """Note the dispatch pass that just ended (a failure to write it is no failure of the
+    pass)."""
+    from fleet.timeutil import now_iso
+
+    data = json.dumps({"at": now_iso(), "error": None, **what}).encode()
+    with contextlib.suppress(OSError):
+        write_atomic(paths.home / LAST_PASS, data, durable=False)
+
+
+def last_pass(paths: Paths) -> dict[str, Any] | None:
+    """What the last dispatch pass did: at, started, recovered, running, error; or None."""
+    try:
+        found = json.loads((paths.home / LAST_PASS).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fleet.config import Config
+from fleet import live
 from fleet.model import Field, Task
 from fleet.paths import Paths
-from fleet.store import Store
 from fleet.timeutil import iso, parse
+
+if TYPE_CHECKING:
+    from fleet.config import Config
+    from fleet.store import Store
 
 CLAIM_UNITS = ("fleet-claim.path", "fleet-claim.timer", "fleet-claim.service")
 
@@ -127,7 +130,7 @@ def hold_reason(
 
 def units_health(paths: Paths, ids: list[str]) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
     """(the dispatcher's units, task id -> (ActiveState, StatusText) of running units)."""
-    from fleet import claim, systemd
+    from fleet import systemd
 
     scope = systemd.scope_for(paths)
     installed = (paths.home / systemd.SCOPE_FILE).exists()
@@ -152,7 +155,7 @@ def units_health(paths: Paths, ids: list[str]) -> tuple[dict[str, Any], dict[str
         "claim_path": states.get(CLAIM_UNITS[0], {}).get("ActiveState"),
         "claim_timer": states.get(CLAIM_UNITS[1], {}).get("ActiveState"),
         "claim_service": states.get(CLAIM_UNITS[2], {}).get("ActiveState"),
-        "last_pass": claim.last_pass(paths),
+        "last_pass": live.last_pass(paths),
     }
     units = {
         t: (states[u].get("ActiveState", ""), states[u].get("StatusText", ""))
@@ -165,7 +168,6 @@ def units_health(paths: Paths, ids: list[str]) -> tuple[dict[str, Any], dict[str
 def _running(
     paths: Paths, store: Store, claimed: list[Task], units: Mapping[str, tuple[str, str]]
 ) -> list[dict[str, Any]]:
-    from fleet import live
     from fleet.store.base import is_merge_claim
 
     out = []

@@ -145,7 +145,7 @@ MODULES = {
     "ls": "listing",
     "merge": "control",
     "merge-tasks": "lineage",
-    "metrics": "stats",
+    "metrics": "metrics",
     "pause": "control",
     "questions": "questions",
     "ready": "listing",

@@ -1161,13 +1161,25 @@ class SQLiteStore:
         return {str(status): int(n) for status, n in rows}
 
     def ready_by_coder(self, default_coder: str) -> dict[str, int]:
+        # All ready tasks less those that wait (driven by the few dependencies, rather than a
+        # probe of them per ready task: a third of the time on a big queue).
+        waiting = (
+            "t.id IN (SELECT d.task FROM deps d JOIN tasks u ON u.id = d.after"
+            " WHERE u.status != 'done') OR t.id IN (SELECT w.id FROM tasks w JOIN tasks p"
+            " ON p.id = w.predecessor WHERE w.predecessor IS NOT NULL"
+            " AND p.claimed_by IS NOT NULL)"
+        )
+        counts: dict[str, int] = {}
         with self._read() as db:
-            rows = db.execute(
-                f"SELECT COALESCE(t.coder, ?), count(*) FROM tasks t WHERE {READY_WHERE}"
-                " GROUP BY COALESCE(t.coder, ?)",
-                (default_coder, default_coder),
-            ).fetchall()
-        return {str(coder): int(n) for coder, n in rows}
+            for sign, where in ((1, ""), (-1, f" AND ({waiting})")):
+                rows = db.execute(
+                    "SELECT COALESCE(t.coder, ?), count(*) FROM tasks t"
+                    f" WHERE t.status = 'ready'{where} GROUP BY COALESCE(t.coder, ?)",
+                    (default_coder, default_coder),
+                ).fetchall()
+                for coder, n in rows:
+                    counts[str(coder)] = counts.get(str(coder), 0) + sign * int(n)
+        return {coder: n for coder, n in counts.items() if n > 0}
 
     def spent_since(self, since: str) -> dict[str, float]:
         """Cost by coder of the attempts that ended at or after `since` (daily budgets)."""

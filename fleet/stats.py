@@ -1,0 +1,739 @@
+"""What the fleet did over a time window: outcomes, durations, throughput, tokens, cost, gates.
+
+Invariants:
+- `compute()` is the one place the figures are made, from the store alone (attempts with
+  their own tokens and cost, tasks finished, the gate timeline), as a plain JSON-able dict
+  whose keys are `FIELDS` (documented in fleet(1), only ever added to): `fleet stats` prints
+  it, `--json` dumps it, `--csv` writes its rows, `fleet metrics` and the dashboard read it;
+- an attempt belongs to the window its end falls in, a task to the window it was done in, a
+  gate's time to the window as far as it lies within it (until now, at most);
+- every cost figure is split into what coders reported and what the price table estimated;
+- the store's queries are plain SQL (fleet.store); durations, groups and percentiles are
+  worked out here, so another backend needs no date arithmetic of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from fleet.errors import InputError
+from fleet.model import Field
+from fleet.timeutil import iso, parse
+
+if TYPE_CHECKING:
+    from fleet.store import Store
+
+DIMENSIONS = ("coder", "model", "cwd", "label", "day", "hour")
+# The outcome classes always listed (others appear when they occur), in this order.
+CLASSES = (
+    "success",
+    "no-close",
+    "failure",
+    "rate-limited",
+    "context-pressure",
+    "budget",
+    "killed",
+    "timeout",
+    "oom",
+    "watchdog",
+    "lost",
+)
+# Outcomes that say nothing about the agent's work: left out of attempts and success rates.
+UNCOUNTED = frozenset({"not-started"})
+NAMES = {"noclose": "no-close"}  # the store's outcome -> its class here
+UNKNOWN_MODEL = "(default)"
+NO_LABEL = "(none)"
+SPARKS = "▁▂▃▄▅▆▇█"
+
+FIELDS: tuple[Field, ...] = (
+    Field("generated_at", "text", "UTC ISO 8601 time the figures were made"),
+    Field("since", "text", "start of the window (UTC ISO 8601), or null: from the beginning"),
+    Field("until", "text", "end of the window (UTC ISO 8601, not included), or null: now"),
+    Field("hours", "real", "length of the window in hours (from the first attempt if no since)"),
+    Field("by", "list", "the --by dimensions of `groups`, in order"),
+    Field("tasks.finished", "int", "tasks done within the window"),
+    Field("tasks.per_hour", "real", "tasks done per hour of the window"),
+    Field("tasks.per_day", "real", "tasks done per day of the window"),
+    Field(
+        "tasks.attempts_per_finished",
+        "real",
+        "attempts the tasks done within the window took, on average (null: none done)",
+    ),
+    Field("attempts.total", "int", "attempts that ended within the window (not-started aside)"),
+    Field(
+        "attempts.outcomes",
+        "object",
+        "attempts by outcome class: success, no-close, failure, rate-limited, context-pressure,"
+        " budget, killed, timeout, oom, watchdog, lost (always there), and any other that"
+        " occurred (interrupted, suspended, handed-off, waiting)",
+    ),
+    Field("attempts.success_rate", "real", "success / total, from 0 to 1 (null: no attempts)"),
+    Field("attempts.duration_median_s", "real", "median attempt duration in seconds, or null"),
+    Field("attempts.duration_p90_s", "real", "90th percentile of attempt durations, or null"),
+    Field("attempts.duration_total_s", "real", "all attempts' durations added up, seconds"),
+    Field(
+        "tokens",
+        "object",
+        "tokens of the attempts, by kind, disjoint: input (read neither from nor into a cache;"
+        " an attempt whose coder does not tell cached tokens apart counts all its input here),"
+        " output, cache_read, cache_write, and their total",
+    ),
+    Field("cost.total", "real", "US dollars, reported and estimated together"),
+    Field("cost.reported", "real", "the part the coders reported"),
+    Field("cost.estimated", "real", "the part estimated from the price table, call by call"),
+    Field(
+        "cost.unpriced_attempts",
+        "int",
+        "attempts with tokens but no cost (a model the price table does not know)",
+    ),
+    Field("gates.held_s", "real", "seconds any coder was held back by a gate, added up per coder"),
+    Field("gates.by_coder", "object", "coder -> seconds held (rate limits and budgets)"),
+    Field("gates.paused_s", "real", "seconds the whole fleet was paused"),
+    Field(
+        "gates.timeline",
+        "array",
+        "every gate open within the window, oldest first: coder (null for the pause), kind, start,"
+        " end (null: still open), seconds (within the window), reason, window",
+    ),
+    Field(
+        "leaderboard.coder",
+        "array",
+        "one row per coder, most successes first: name, attempts, success, success_rate,"
+        " median_duration_s, cost, cost_per_success, tokens",
+    ),
+    Field(
+        "leaderboard.model",
+        "array",
+        "the same rows per model (the model that did most of an attempt)",
+    ),
+    Field(
+        "models",
+        "array",
+        "tokens and cost by model, from each attempt's calls: model, calls, input, output,"
+        " cache_read, cache_write, cost, reported, estimated",
+    ),
+    Field(
+        "daily",
+        "array",
+        "one row per local day of the window that has attempts or finished tasks: day"
+        " (YYYY-MM-DD), attempts, success, finished, cost",
+    ),
+    Field(
+        "groups",
+        "array",
+        "with --by, one row per group: key (dimension -> value), attempts, success,"
+        " success_rate, outcomes, duration_median_s, duration_p90_s, tokens (by kind), cost,"
+        " cost_reported, cost_estimated",
+    ),
+)
+
+
+class Window(NamedTuple):
+    since: str | None = None  # UTC ISO 8601, None: from the beginning
+    until: str | None = None  # UTC ISO 8601 (excluded), None: now
+
+
+EVER = Window()
+
+
+def point(text: str, now: float | None = None) -> str:
+    """A --since/--until value as UTC ISO 8601: a duration back from now (`90m`, `36h`, `7d`,
+    `2w`), a date (`2026-11-30`, local midnight) or a date and time (local unless it says)."""
+    raw = text.strip()
+    now = time.time() if now is None else now
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    if raw[-1:] in units and raw[:-1].replace(".", "", 1).isdigit():
+        return iso(now - float(raw[:-1]) * units[raw[-1]])
+    try:
+        at = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(
+            f"cannot read {text!r} as a time",
+            hint="give a duration back from now (90m, 36h, 7d, 2w) or a date (2026-11-30)",
+        ) from None
+    return iso(at.timestamp())
+
+
+def seconds(text: str) -> float:
+    """Epoch seconds of the store's fixed-width UTC ISO 8601 text (fast: no datetime object
+    for each of 100,000 attempts, only one per day)."""
+    day = _DAYS.get(text[:10])
+    if day is None:
+        day = _DAYS[text[:10]] = parse(text[:10] + "T00:00:00+00:00")
+    return day + int(text[11:13]) * 3600 + int(text[14:16]) * 60 + float(text[17:23])
+
+
+_DAYS: dict[str, float] = {}
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile of sorted `values`, linearly interpolated; None if empty."""
+    if not values:
+        return None
+    pos = (len(values) - 1) * q
+    low = math.floor(pos)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (pos - low)
+
+
+class _Acc:
+    """The figures of one group of attempts."""
+
+    __slots__ = (
+        "attempts",
+        "cache_read",
+        "cache_write",
+        "cost",
+        "durations",
+        "estimated",
+        "input",
+        "outcomes",
+        "output",
+        "reported",
+        "success",
+        "unpriced",
+    )
+
+    def __init__(self) -> None:
+        self.attempts = self.success = self.unpriced = 0
+        self.input = self.output = self.cache_read = self.cache_write = 0
+        self.cost = self.reported = self.estimated = 0.0
+        self.durations: list[float] = []
+        self.outcomes: dict[str, int] = {}
+
+    def add(self, outcome: str, duration: float, row: Sequence[Any]) -> None:
+        self.attempts += 1
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if outcome == "success":
+            self.success += 1
+        self.durations.append(duration)
+        tokens_in, tokens_out, read, written, cost, source = row[7:13]
+        read, written = read or 0, written or 0
+        self.input += (tokens_in or 0) - read - written
+        self.output += tokens_out or 0
+        self.cache_read += read
+        self.cache_write += written
+        if cost is not None:
+            self.cost += cost
+            if source == "estimated":
+                self.estimated += cost
+            else:
+                self.reported += cost
+        elif tokens_in or tokens_out:
+            self.unpriced += 1
+
+    def tokens(self) -> dict[str, int]:
+        kinds = {
+            "input": self.input,
+            "output": self.output,
+            "cache_read": self.cache_read,
+            "cache_write": self.cache_write,
+        }
+        return {**kinds, "total": sum(kinds.values())}
+
+    def rate(self) -> float | None:
+        return self.success / self.attempts if self.attempts else None
+
+
+def _local(epoch: float, hour: bool) -> str:
+    return time.strftime("%Y-%m-%d %H:00" if hour else "%Y-%m-%d", time.localtime(epoch))
+
+
+def _keys(
+    by: Sequence[str], row: Sequence[Any], ended: float, labels: list[str]
+) -> Iterable[tuple[str, ...]]:
+    """The groups an attempt falls in (one per label of its task, with `label`)."""
+    values: list[list[str]] = []
+    for dim in by:
+        if dim == "coder":
+            values.append([row[5] or row[15] or "?"])
+        elif dim == "model":
+            values.append([row[6] or row[16] or UNKNOWN_MODEL])
+        elif dim == "cwd":
+            values.append([row[13]])
+        elif dim == "label":
+            values.append(labels or [NO_LABEL])
+        else:
+            values.append([_local(ended, dim == "hour")])
+    keys: list[tuple[str, ...]] = [()]
+    for options in values:
+        keys = [(*k, v) for k in keys for v in options]
+    return keys
+
+
+def _durations(acc: _Acc) -> tuple[float | None, float | None]:
+    acc.durations.sort()
+    median = quantile(acc.durations, 0.5)
+    p90 = quantile(acc.durations, 0.9)
+    return (
+        None if median is None else round(median, 3),
+        None if p90 is None else round(p90, 3),
+    )
+
+
+def _board(groups: dict[str, _Acc]) -> list[dict[str, Any]]:
+    rows = []
+    for name, acc in groups.items():
+        median, _ = _durations(acc)
+        rows.append(
+            {
+                "name": name,
+                "attempts": acc.attempts,
+                "success": acc.success,
+                "success_rate": _round(acc.rate()),
+                "median_duration_s": median,
+                "cost": round(acc.cost, 6),
+                "cost_per_success": round(acc.cost / acc.success, 6) if acc.success else None,
+                "tokens": acc.tokens()["total"],
+            }
+        )
+    return sorted(rows, key=lambda r: (-r["success"], -r["attempts"], r["name"]))
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _timeline(store: Store, window: Window, start: float, end: float) -> dict[str, Any]:
+    timeline = []
+    by_coder: dict[str, float] = {}
+    paused = 0.0
+    for gate in store.gate_log(window.since, window.until):
+        opened = seconds(gate["start"])
+        closed = seconds(gate["end"]) if gate["end"] else None
+        within = max(0.0, min(closed if closed is not None else end, end) - max(opened, start))
+        coder = gate["name"][6:] if gate["name"].startswith("coder:") else None
+        if coder is None:
+            paused += within
+        else:
+            by_coder[coder] = by_coder.get(coder, 0.0) + within
+        timeline.append(
+            {
+                "coder": coder,
+                "kind": gate["kind"],
+                "start": gate["start"],
+                "end": gate["end"] if closed is not None and closed <= time.time() else None,
+                "seconds": round(within, 3),
+                "reason": gate["reason"],
+                "window": gate["window"],
+            }
+        )
+    return {
+        "held_s": round(sum(by_coder.values()), 3),
+        "by_coder": {k: round(v, 3) for k, v in sorted(by_coder.items())},
+        "paused_s": round(paused, 3),
+        "timeline": timeline,
+    }
+
+
+def compute(
+    store: Store,
+    window: Window = EVER,
+    by: Sequence[str] = (),
+    now: float | None = None,
+) -> dict[str, Any]:
+    """The figures of `window`, with groups by `by` (DIMENSIONS) when given."""
+    for dim in by:
+        if dim not in DIMENSIONS:
+            raise InputError(f"cannot group by {dim!r}", hint="by: " + ", ".join(DIMENSIONS))
+    now = time.time() if now is None else now
+    rows = store.attempt_rows(window.since, window.until)
+    total = _Acc()
+    coders: dict[str, _Acc] = {}
+    models: dict[str, _Acc] = {}
+    groups: dict[tuple[str, ...], _Acc] = {}
+    daily: dict[str, list[float]] = {}  # day -> attempts, success, finished, cost
+    first = None
+    labels_of: dict[str, list[str]] = {}
+    for row in rows:
+        outcome = NAMES.get(row[4] or "", row[4] or "?")
+        if outcome in UNCOUNTED:
+            continue
+        started, ended = seconds(row[2]), seconds(row[3])
+        first = started if first is None or started < first else first
+        duration = max(0.0, ended - started)
+        total.add(outcome, duration, row)
+        coder = row[5] or row[15] or "?"
+        (coders.get(coder) or coders.setdefault(coder, _Acc())).add(outcome, duration, row)
+        model = row[6] or row[16] or UNKNOWN_MODEL
+        (models.get(model) or models.setdefault(model, _Acc())).add(outcome, duration, row)
+        day = daily.setdefault(_local(ended, False), [0, 0, 0, 0.0])
+        day[0] += 1
+        day[1] += outcome == "success"
+        day[3] += row[11] or 0.0
+        if by:
+            labels: list[str] = []
+            if "label" in by:
+                found = labels_of.get(row[14])
+                if found is None:
+                    found = labels_of[row[14]] = list(json.loads(row[14] or "[]"))
+                labels = found
+            for key in _keys(by, row, ended, labels):
+                (groups.get(key) or groups.setdefault(key, _Acc())).add(outcome, duration, row)
+    finished = store.finished_rows(window.since, window.until)
+    for _, done_at, *_rest in finished:
+        daily.setdefault(_local(seconds(done_at), False), [0, 0, 0, 0.0])[2] += 1
+    start = seconds(window.since) if window.since else (first if first is not None else now)
+    end = min(now, seconds(window.until)) if window.until else now
+    hours = max(0.0, end - start) / 3600
+    done = len(finished)
+    median, p90 = _durations(total)
+    outcomes = {c: total.outcomes.get(c, 0) for c in CLASSES}
+    outcomes.update({k: v for k, v in sorted(total.outcomes.items()) if k not in outcomes})
+    return {
+        "generated_at": iso(now),
+        "since": window.since,
+        "until": window.until,
+        "hours": round(hours, 4),
+        "by": list(by),
+        "tasks": {
+            "finished": done,
+            "per_hour": round(done / hours, 4) if hours else None,
+            "per_day": round(24 * done / hours, 4) if hours else None,
+            "attempts_per_finished": (
+                round(sum(r[2] for r in finished) / done, 4) if done else None
+            ),
+        },
+        "attempts": {
+            "total": total.attempts,
+            "outcomes": outcomes,
+            "success_rate": _round(total.rate()),
+            "duration_median_s": median,
+            "duration_p90_s": p90,
+            "duration_total_s": round(sum(total.durations), 3),
+        },
+        "tokens": total.tokens(),
+        "cost": {
+            "total": round(total.cost, 6),
+            "reported": round(total.reported, 6),
+            "estimated": round(total.estimated, 6),
+            "unpriced_attempts": total.unpriced,
+        },
+        "gates": _timeline(store, window, start, end),
+        "leaderboard": {"coder": _board(coders), "model": _board(models)},
+        "models": _models(store, window),
+        "daily": [
+            {
+                "day": day,
+                "attempts": int(v[0]),
+                "success": int(v[1]),
+                "finished": int(v[2]),
+                "cost": round(v[3], 6),
+            }
+            for day, v in sorted(daily.items())
+        ],
+        "groups": [_group(by, key, acc) for key, acc in sorted(groups.items())],
+    }
+
+
+def _group(by: Sequence[str], key: tuple[str, ...], acc: _Acc) -> dict[str, Any]:
+    median, p90 = _durations(acc)
+    return {
+        "key": dict(zip(by, key, strict=True)),
+        "attempts": acc.attempts,
+        "success": acc.success,
+        "success_rate": _round(acc.rate()),
+        "outcomes": dict(sorted(acc.outcomes.items())),
+        "duration_median_s": median,
+        "duration_p90_s": p90,
+        "tokens": acc.tokens(),
+        "cost": round(acc.cost, 6),
+        "cost_reported": round(acc.reported, 6),
+        "cost_estimated": round(acc.estimated, 6),
+    }
+
+
+def _models(store: Store, window: Window) -> list[dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for row in store.usage_rows(window.since, window.until):
+        model = row[3] or UNKNOWN_MODEL
+        entry = found.setdefault(
+            model,
+            {
+                "model": model,
+                "calls": 0,
+                "input": 0,
+                "output": 0,
+                "cache_read": 0,
+                "cache_write": 0,
+                "cost": 0.0,
+                "reported": 0.0,
+                "estimated": 0.0,
+            },
+        )
+        for i, name in enumerate(("calls", "input", "output", "cache_read", "cache_write"), 4):
+            entry[name] += row[i] or 0
+        if row[9] is not None:
+            entry["cost"] += row[9]
+            entry["estimated" if row[10] == "estimated" else "reported"] += row[9]
+    for entry in found.values():
+        for name in ("cost", "reported", "estimated"):
+            entry[name] = round(entry[name], 6)
+    return sorted(found.values(), key=lambda e: (-e["cost"], e["model"]))
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """Values as a row of block characters, the largest as a full block."""
+    top = max(values, default=0)
+    if top <= 0:
+        return SPARKS[0] * len(values)
+    return "".join(
+        SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1) + 0.5))] for v in values
+    )
+
+
+# ---------------------------------------------------------------------- as text and CSV
+
+
+def _duration(value: float | None) -> str:
+    if value is None:
+        return "-"
+    total = round(value)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _n(value: int) -> str:
+    for size, unit in ((10**9, "G"), (10**6, "M"), (10**3, "k")):
+        if value >= size:
+            return f"{value / size:.1f}{unit}"
+    return str(value)
+
+
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None else f"{100 * rate:.0f}%"
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:.2f}" if value >= 1 else f"${value:.4f}"
+
+
+def days(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """The daily rows with the days in between that had nothing, for a sparkline."""
+    rows = figures["daily"]
+    if not rows:
+        return []
+    import datetime as dt
+
+    have = {r["day"]: r for r in rows}
+    day = dt.date.fromisoformat(rows[0]["day"])
+    last = dt.date.fromisoformat(rows[-1]["day"])
+    out = []
+    while day <= last:
+        name = day.isoformat()
+        out.append(
+            have.get(name, {"day": name, "attempts": 0, "success": 0, "finished": 0, "cost": 0.0})
+        )
+        day += dt.timedelta(days=1)
+    return out
+
+
+def text(figures: dict[str, Any]) -> str:
+    """The figures as `fleet stats` prints them."""
+    from tabulate import tabulate
+
+    def table(title: str, headers: list[str], rows: list[list[Any]]) -> list[str]:
+        if not rows:
+            return []
+        body = tabulate(rows, headers=headers, tablefmt="plain", disable_numparse=True)
+        return ["", title, body]
+
+    def local(text: str | None) -> str:
+        return (
+            "now"
+            if text is None
+            else time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds(text)))
+        )
+
+    t, a, c, g = figures["tasks"], figures["attempts"], figures["cost"], figures["gates"]
+    since = local(figures["since"]) if figures["since"] else "the first attempt"
+    lines = [f"from {since} to {local(figures['until'])} ({figures['hours']:.1f} h)"]
+    per_day = "-" if t["per_day"] is None else f"{t['per_day']:.1f}"
+    per_hour = "-" if t["per_hour"] is None else f"{t['per_hour']:.2f}"
+    apf = "-" if t["attempts_per_finished"] is None else f"{t['attempts_per_finished']:.2f}"
+    lines.append(
+        f"tasks finished {t['finished']} · {per_day}/day · {per_hour}/hour"
+        f" · {apf} attempts per finished task"
+    )
+    parts = [f"{k} {v}" for k, v in a["outcomes"].items() if v or k in ("success", "failure")]
+    lines.append(
+        f"attempts {a['total']}, success rate {_pct(a['success_rate'])}: " + " · ".join(parts)
+    )
+    lines.append(
+        f"attempt duration median {_duration(a['duration_median_s'])}"
+        f" · p90 {_duration(a['duration_p90_s'])} · all {_duration(a['duration_total_s'])}"
+    )
+    k = figures["tokens"]
+    lines.append(
+        f"tokens {_n(k['total'])}: input {_n(k['input'])} · output {_n(k['output'])}"
+        f" · cache read {_n(k['cache_read'])} · cache write {_n(k['cache_write'])}"
+    )
+    cost = f"cost {_money(c['total'])} (reported {_money(c['reported'])}"
+    cost += f", estimated {_money(c['estimated'])}"
+    if c["unpriced_attempts"]:
+        cost += f"; {c['unpriced_attempts']} attempts with tokens of models the price table lacks"
+    lines.append(cost + ")")
+    held = ", ".join(f"{coder} {_duration(s)}" for coder, s in g["by_coder"].items())
+    lines.append(
+        f"held back by gates {_duration(g['held_s'])}"
+        + (f" ({held})" if held else "")
+        + (f" · paused {_duration(g['paused_s'])}" if g["paused_s"] else "")
+    )
+    series = days(figures)
+    if len(series) > 1:
+        lines += [
+            "",
+            f"per day, {series[0]['day']} to {series[-1]['day']}:",
+            f"  finished  {sparkline([d['finished'] for d in series])}"
+            f"  (most {max(d['finished'] for d in series)})",
+            f"  cost      {sparkline([d['cost'] for d in series])}"
+            f"  (most {_money(max(d['cost'] for d in series))})",
+        ]
+    lines += table(
+        "GATE TIMELINE",
+        ["CODER", "HELD", "FROM", "TO", "FOR", "REASON"],
+        [
+            [
+                e["coder"] or "(all: paused)",
+                e["kind"] or "-",
+                local(e["start"]),
+                local(e["end"]) if e["end"] else "open",
+                _duration(e["seconds"]),
+                e["reason"] or "",
+            ]
+            for e in g["timeline"]
+        ],
+    )
+    for dim in ("coder", "model"):
+        lines += table(
+            f"BY {dim.upper()}",
+            [dim.upper(), "ATTEMPTS", "SUCCESS", "RATE", "MEDIAN", "COST", "PER SUCCESS", "TOKENS"],
+            [
+                [
+                    r["name"],
+                    r["attempts"],
+                    r["success"],
+                    _pct(r["success_rate"]),
+                    _duration(r["median_duration_s"]),
+                    _money(r["cost"]),
+                    _money(r["cost_per_success"]),
+                    _n(r["tokens"]),
+                ]
+                for r in figures["leaderboard"][dim]
+            ],
+        )
+    lines += table(
+        "TOKENS BY MODEL (from each attempt's calls)",
+        ["MODEL", "CALLS", "INPUT", "OUTPUT", "CACHE READ", "CACHE WRITE", "COST", "ESTIMATED"],
+        [
+            [
+                m["model"],
+                m["calls"],
+                _n(m["input"]),
+                _n(m["output"]),
+                _n(m["cache_read"]),
+                _n(m["cache_write"]),
+                _money(m["cost"]),
+                _money(m["estimated"]),
+            ]
+            for m in figures["models"]
+        ],
+    )
+    by = figures["by"]
+    lines += table(
+        "BY " + " AND ".join(d.upper() for d in by),
+        [
+            *(d.upper() for d in by),
+            "ATTEMPTS",
+            "SUCCESS",
+            "RATE",
+            "MEDIAN",
+            "P90",
+            "TOKENS",
+            "COST",
+        ],
+        [
+            [
+                *(grp["key"][d] for d in by),
+                grp["attempts"],
+                grp["success"],
+                _pct(grp["success_rate"]),
+                _duration(grp["duration_median_s"]),
+                _duration(grp["duration_p90_s"]),
+                _n(grp["tokens"]["total"]),
+                _money(grp["cost"]),
+            ]
+            for grp in figures["groups"]
+        ],
+    )
+    return "\n".join(lines) + "\n"
+
+
+CSV_COLUMNS = (
+    "attempts",
+    "success",
+    "success_rate",
+    "duration_median_s",
+    "duration_p90_s",
+    "tokens_input",
+    "tokens_output",
+    "tokens_cache_read",
+    "tokens_cache_write",
+    "tokens_total",
+    "cost",
+    "cost_reported",
+    "cost_estimated",
+)
+
+
+def csv_rows(figures: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """(header, rows) for `--csv`: one row per group with --by, else one for the window."""
+    by = list(figures["by"])
+    if by:
+        groups = figures["groups"]
+    else:
+        a = figures["attempts"]
+        groups = [
+            {
+                "key": {},
+                "attempts": a["total"],
+                "success": a["outcomes"]["success"],
+                "success_rate": a["success_rate"],
+                "duration_median_s": a["duration_median_s"],
+                "duration_p90_s": a["duration_p90_s"],
+                "tokens": figures["tokens"],
+                "cost": figures["cost"]["total"],
+                "cost_reported": figures["cost"]["reported"],
+                "cost_estimated": figures["cost"]["estimated"],
+            }
+        ]
+    rows = []
+    for grp in groups:
+        k = grp["tokens"]
+        rows.append(
+            [
+                *(grp["key"][d] for d in by),
+                grp["attempts"],
+                grp["success"],
+                grp["success_rate"],
+                grp["duration_median_s"],
+                grp["duration_p90_s"],
+                k["input"],
+                k["output"],
+                k["cache_read"],
+                k["cache_write"],
+                k["total"],
+                grp["cost"],
+                grp["cost_reported"],
+                grp["cost_estimated"],
+            ]
+        )
+    return [*by, *CSV_COLUMNS], rows
