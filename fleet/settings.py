@@ -67,8 +67,11 @@ class Setting(NamedTuple):
                 "prices": "a table of price tables",
             }[self.kind]
             raise ConfigError(f"{where}: {self.name} must be {wanted}, not {value!r}")
-        if self.kind == "number" and self.minimum is not None and value < self.minimum:
-            raise ConfigError(f"{where}: {self.name} must be at least {self.minimum}")
+        if self.kind == "number":
+            if self.minimum is not None and value < self.minimum:
+                raise ConfigError(f"{where}: {self.name} must be at least {self.minimum}")
+            if self.maximum is not None and value > self.maximum:
+                raise ConfigError(f"{where}: {self.name} must be at most {self.maximum}")
         if self.kind == "prices":
             from fleet.pricing import entry
 
@@ -232,6 +235,7 @@ SETTINGS: tuple[Setting, ...] = (
         " attempts, as the coders report them or the price table estimates them: once reached,"
         " the attempt is stopped and the task blocked with the figure. 0 for none.",
         0,
+        10**9,
     ),
     Setting(
         "max_tokens",
@@ -393,6 +397,7 @@ CODER_SETTINGS: tuple[Setting, ...] = (
         "Daily budget of the coder in US dollars: once its attempts that ended today cost that"
         " much, no new task of it starts until the day starts anew (daily_budget_resets_at).",
         0,
+        10**9,
     ),
     Setting(
         "format",
