@@ -13,6 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -93,8 +94,16 @@ def entry(key: str, obj: object, where: str) -> Price:
     return Price(rates, above, Rates(**long))
 
 
+def _contains(name: str, key: str) -> bool:
+    """Whether `name` contains `key`, a `*` in which stands for any characters."""
+    if "*" not in key:
+        return key in name
+    return re.search(".*".join(re.escape(part) for part in key.split("*")), name) is not None
+
+
 class Table:
-    """Prices by model-name part, looked up by the longest part a model's name contains."""
+    """Prices by model-name part, looked up by the longest part a model's name contains (a
+    `*` in a key stands for any characters and does not count toward its length)."""
 
     def __init__(self, entries: Mapping[str, Price]) -> None:
         self.entries = {k.lower(): v for k, v in entries.items()}
@@ -105,8 +114,9 @@ class Table:
             return None
         if model not in self._found:
             name = model.lower()
-            keys = [k for k in self.entries if k in name]
-            self._found[model] = self.entries[max(keys, key=len)] if keys else None
+            keys = [k for k in self.entries if _contains(name, k)]
+            best = max(keys, key=lambda k: len(k.replace("*", ""))) if keys else None
+            self._found[model] = self.entries[best] if best is not None else None
         return self._found[model]
 
     def cost(self, calls: Iterable[Call]) -> float | None:

@@ -262,7 +262,8 @@ SETTINGS: tuple[Setting, ...] = (
         {},
         "Prices in US dollars per million tokens that replace or add to fleet's price table"
         " (fleet/prices.toml), one table per model-name part, the longest part of a model's"
-        " name winning: input, output, cache_read, cache_write, and for a dearer long context"
+        " name winning (`*` stands for any characters): input, output, cache_read,"
+        " cache_write, and for a dearer long context"
         " long_above (prompt tokens) with long_input, long_output, long_cache_read and"
         " long_cache_write. Costs a coder does not report are estimated with them, call by"
         " call.",

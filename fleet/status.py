@@ -101,14 +101,14 @@ FIELDS: tuple[Field, ...] = (
 
 
 def when(text: str | None, now: float | None = None) -> str:
-    """A gate's end as a person reads it: `14:05` today, else `2026-12-03 14:05` (local)."""
+    """A gate's end as a person reads it, local time: `14:05` within a day from now (before or
+    after), else `2026-12-03 14:05`; `lifted` for a gate that lasts until it is lifted."""
     if text is None:
         return "lifted"
     at = parse(text)
     now = time.time() if now is None else now
-    local = time.localtime(at)
-    same_day = time.localtime(now)[:3] == local[:3]
-    return time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", local)
+    near = abs(at - now) < 86400
+    return time.strftime("%H:%M" if near else "%Y-%m-%d %H:%M", time.localtime(at))
 
 
 def hold_reason(

@@ -119,6 +119,18 @@ RECORDED = {
     # SIGINT: the CLI kills the tool and writes an aborted result; SIGTERM: exit 143, no result.
     "claude_sigint_during_tool.jsonl": Expect(1, Verdict.KILLED, "98a66762", (1800, 30), 0.007625),
     "claude_sigterm_during_tool.jsonl": Expect(143, Verdict.KILLED, "aabe1d79", (1800, 30), None),
+    # 2.1.332 against the scripted server (tests/test_usage.py reads them for what a resumed
+    # attempt spent): a fresh session and its resume, whose result reports modelUsage and
+    # total_cost_usd for the whole session (so no cost of its own without the earlier
+    # attempt's totals); a session stopped by SIGINT in a tool, and its resume.
+    "claude_332_shell.jsonl": Expect(0, Verdict.SUCCESS, "bac8fbc3", (5400, 90), 0.018),
+    "claude_332_resume_session_totals.jsonl": Expect(
+        0, Verdict.SUCCESS, "bac8fbc3", (1800, 30), None
+    ),
+    "claude_332_sigint_during_tool.jsonl": Expect(0, Verdict.KILLED, "658a22b6", (1800, 30), 0.006),
+    "claude_332_resume_after_sigint.jsonl": Expect(
+        0, Verdict.SUCCESS, "658a22b6", (1800, 30), None
+    ),
 }
 
 
