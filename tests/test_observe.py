@@ -4,8 +4,8 @@ sandboxed systemd with the replay and command coders.
 Each test fills its queue by running tasks as units (every outcome class the coders can give
 here), then checks every figure against the values worked out by hand from the streams below
 and the shipped price table: a Claude Sonnet call of 1200 input, 500 cache reads, 100 cache
-writes and 30 output costs 1200 × 3 + 500 × 0.3 + 100 × 3.75 + 30 × 15 = 4575 µ$; a GPT-5 call
-of 800 input, 200 cache reads and 50 output 800 × 1.25 + 200 × 0.125 + 50 × 10 = 1525 µ$.
+writes and 30 output costs 1200 * 3 + 500 * 0.3 + 100 * 3.75 + 30 * 15 = 4575 µ$; a GPT-5 call
+of 800 input, 200 cache reads and 50 output 800 * 1.25 + 200 * 0.125 + 50 * 10 = 1525 µ$.
 """
 
 from __future__ import annotations
