@@ -1013,6 +1013,34 @@ def test_a_suspended_session_resumes_with_its_history(box: Box, server: Server) 
     suspended, resumed = task["attempt_log"]
     assert (suspended["outcome"], resumed["outcome"]) == ("suspended", "success")
     assert resumed["session_id"] == suspended["session_id"] == first["session_id"]
+    # Each attempt's own share: the resumed run's result reports modelUsage and total_cost_usd
+    # for the whole session; fleet records only the calls made after the resume. The unit's
+    # stop reached the CLI as SIGTERM (the cgroup's), so the suspended run printed no result:
+    # no cost of its own, its calls' output only as message_start said it (1 each), and no
+    # session totals that the resumed run's share could be taken against. Both are then
+    # priced from their own calls (claude-opus: 5, 25, 0.5 and 6.25 $ per million input,
+    # output, cache read and cache write tokens), never at the session's.
+    after = len(server.calls(key)) - calls_before
+    assert (suspended["tokens_in"], suspended["tokens_out"]) == (
+        calls_before * PER_CALL_IN,
+        calls_before * 1,
+    )
+    assert (resumed["tokens_in"], resumed["tokens_out"], resumed["tokens_cache_read"]) == (
+        after * PER_CALL_IN,
+        after * 30,
+        after * 500,
+    )
+
+    def price(output: int) -> float:
+        return (1200 * 5 + output * 25 + 500 * 0.5 + 100 * 6.25) / 1e6
+
+    assert (suspended["cost_source"], resumed["cost_source"]) == ("estimated", "estimated")
+    assert (suspended["cost"], resumed["cost"]) == (
+        pytest.approx(calls_before * price(1)),
+        pytest.approx(after * price(30)),
+    )
+    assert task["cost"] == pytest.approx(calls_before * price(1) + after * price(30))
+    assert resumed["model"].startswith("claude-opus")
     # The resumed conversation, as the server received it: every earlier turn, then fleet's
     # message naming the checkpoint.
     after = server.calls(key)[calls_before]

@@ -19,7 +19,7 @@ by a marker in the prompt, `FLEET-SCENARIO:<name>` (put it in the task's descrip
   until the server stops.
 * `pause`: a shell call running `sleep 300` for the test to stop codex in the middle of (a
   person's suspend); once the history carries that call's output (the thread was resumed), a
-  text answer.
+  shell call that closes the task, then a text answer.
 * `ask`: a call of fleet's MCP tool `ask_human` with the approval question `ASK_ARGS` (codex
   offers an MCP server's tools as one namespace tool, `mcp__<server>`, and the model names both:
   `"namespace": "mcp__fleet", "name": "ask_human"`); once codex sends that call's output, a
@@ -181,6 +181,8 @@ class ResponsesHandler(Handler):
         elif name == "pause":
             if not done:
                 self.call(body, PAUSE_COMMAND)
+            elif len(done) == 1:
+                self.call(body, CLOSE)
             else:
                 self.answer(body, "Resumed, and done.")
         elif name == "ask":
