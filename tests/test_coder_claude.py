@@ -1020,15 +1020,15 @@ def test_a_suspended_session_resumes_with_its_history(box: Box, server: Server) 
     # session totals that the resumed run's share could be taken against. Both are then
     # priced from their own calls (claude-opus: 5, 25, 0.5 and 6.25 $ per million input,
     # output, cache read and cache write tokens), never at the session's.
-    after = len(server.calls(key)) - calls_before
+    made = len(server.calls(key)) - calls_before
     assert (suspended["tokens_in"], suspended["tokens_out"]) == (
         calls_before * PER_CALL_IN,
         calls_before * 1,
     )
     assert (resumed["tokens_in"], resumed["tokens_out"], resumed["tokens_cache_read"]) == (
-        after * PER_CALL_IN,
-        after * 30,
-        after * 500,
+        made * PER_CALL_IN,
+        made * 30,
+        made * 500,
     )
 
     def price(output: int) -> float:
@@ -1037,18 +1037,18 @@ def test_a_suspended_session_resumes_with_its_history(box: Box, server: Server) 
     assert (suspended["cost_source"], resumed["cost_source"]) == ("estimated", "estimated")
     assert (suspended["cost"], resumed["cost"]) == (
         pytest.approx(calls_before * price(1)),
-        pytest.approx(after * price(30)),
+        pytest.approx(made * price(30)),
     )
-    assert task["cost"] == pytest.approx(calls_before * price(1) + after * price(30))
+    assert task["cost"] == pytest.approx(calls_before * price(1) + made * price(30))
     assert resumed["model"].startswith("claude-opus")
     # The resumed conversation, as the server received it: every earlier turn, then fleet's
     # message naming the checkpoint.
-    after = server.calls(key)[calls_before]
-    assert anthropic.SUSPEND_WRITE in anthropic.commands(after)
-    assert anthropic.CHECKPOINT_TOOL in anthropic.called(after)
-    assert anthropic.HANG_COMMAND in anthropic.commands(after)
-    assert f"{anthropic.RESUMED_MARK} 2" in anthropic.user_text(after)
-    assert "suspended for the test" in anthropic.user_text(after)
+    first_resumed = server.calls(key)[calls_before]
+    assert anthropic.SUSPEND_WRITE in anthropic.commands(first_resumed)
+    assert anthropic.CHECKPOINT_TOOL in anthropic.called(first_resumed)
+    assert anthropic.HANG_COMMAND in anthropic.commands(first_resumed)
+    assert f"{anthropic.RESUMED_MARK} 2" in anthropic.user_text(first_resumed)
+    assert "suspended for the test" in anthropic.user_text(first_resumed)
     # The trail: the agent's checkpoint, the person's, the suspension and the resumption.
     trail = [
         e
