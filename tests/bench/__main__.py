@@ -1,7 +1,7 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, units, stream,
-answer, status; default: all, in that order; units and stream boot a systemd sandbox and need root).
+answer, status, stats; default: all, in that order; units and stream boot a systemd sandbox and need root).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -21,6 +21,7 @@ from tests.bench import (
     bench_claim,
     bench_cli_startup,
     bench_ls_json,
+    bench_stats,
     bench_status,
     bench_stream,
     bench_units,
@@ -36,6 +37,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_stream.NAME: bench_stream.main,
     bench_answer.NAME: bench_answer.main,
     bench_status.NAME: bench_status.main,
+    bench_stats.NAME: bench_stats.main,
 }
 
 
