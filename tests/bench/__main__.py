@@ -1,7 +1,8 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, units, stream,
-answer, status, stats; default: all, in that order; units and stream boot a systemd sandbox and need root).
+answer, status, stats; default: all, in that order; units and stream boot a systemd sandbox
+and need root).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
