@@ -227,6 +227,25 @@ class _Acc:
         elif tokens_in or tokens_out:
             self.unpriced += 1
 
+    def add_sums(self, outcome: str, sums: Sequence[Any]) -> None:
+        """Add what the store summed: count, tokens_in, tokens_out, cache_read, cache_write,
+        cost, estimated cost, attempts with tokens but no cost (a first start may follow)."""
+        n, tokens_in, tokens_out, read, written, cost, estimated, unpriced = sums[:8]
+        outcome = NAMES.get(outcome or "", outcome or "?")
+        self.attempts += n
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
+        if outcome == "success":
+            self.success += n
+        read, written = read or 0, written or 0
+        self.input += (tokens_in or 0) - read - written
+        self.output += tokens_out or 0
+        self.cache_read += read
+        self.cache_write += written
+        self.cost += cost or 0.0
+        self.estimated += estimated or 0.0
+        self.reported += (cost or 0.0) - (estimated or 0.0)
+        self.unpriced += unpriced or 0
+
     def tokens(self) -> dict[str, int]:
         kinds = {
             "input": self.input,
@@ -264,6 +283,38 @@ def _keys(
     for options in values:
         keys = [(*k, v) for k in keys for v in options]
     return keys
+
+
+def _merged(accs: Iterable[_Acc]) -> _Acc:
+    out = _Acc()
+    for acc in accs:
+        for name in _Acc.__slots__:
+            if name == "durations":
+                out.durations += acc.durations
+            elif name == "outcomes":
+                for k, v in acc.outcomes.items():
+                    out.outcomes[k] = out.outcomes.get(k, 0) + v
+            else:
+                setattr(out, name, getattr(out, name) + getattr(acc, name))
+    return out
+
+
+def _by(pairs: dict[tuple[str, str], _Acc], part: int) -> dict[str, _Acc]:
+    names: dict[str, list[_Acc]] = {}
+    for key, acc in pairs.items():
+        names.setdefault(key[part], []).append(acc)
+    return {name: _merged(accs) for name, accs in names.items()}
+
+
+def _local_days(hourly: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Rows by UTC hour (`2026-12-01T23`) summed by local day."""
+    days: dict[str, list[float]] = {}
+    for hour, values in hourly.items():
+        day = _local(parse(hour + ":00:00+00:00"), False)
+        into = days.setdefault(day, [0, 0, 0, 0.0])
+        for i, value in enumerate(values):
+            into[i] += value
+    return days
 
 
 def _durations(acc: _Acc) -> tuple[float | None, float | None]:
@@ -342,62 +393,49 @@ def compute(
         if dim not in DIMENSIONS:
             raise InputError(f"cannot group by {dim!r}", hint="by: " + ", ".join(DIMENSIONS))
     now = time.time() if now is None else now
-    rows = store.attempt_rows(window.since, window.until)
-    total = _Acc()
-    coders: dict[str, _Acc] = {}
-    models: dict[str, _Acc] = {}
-    groups: dict[tuple[str, ...], _Acc] = {}
-    daily: dict[str, list[float]] = {}  # day -> attempts, success, finished, cost
-    first = None
-    labels_of: dict[str, list[str]] = {}
-    for row in rows:
-        outcome = NAMES.get(row[4] or "", row[4] or "?")
-        if outcome in UNCOUNTED:
-            continue
-        started, ended = seconds(row[2]), seconds(row[3])
-        first = started if first is None or started < first else first
-        duration = max(0.0, ended - started)
-        total.add(outcome, duration, row)
-        coder = row[5] or row[15] or "?"
-        (coders.get(coder) or coders.setdefault(coder, _Acc())).add(outcome, duration, row)
-        model = row[6] or row[16] or UNKNOWN_MODEL
-        (models.get(model) or models.setdefault(model, _Acc())).add(outcome, duration, row)
-        day = daily.setdefault(_local(ended, False), [0, 0, 0, 0.0])
-        day[0] += 1
-        day[1] += outcome == "success"
-        day[3] += row[11] or 0.0
-        if by:
-            labels: list[str] = []
-            if "label" in by:
-                found = labels_of.get(row[14])
-                if found is None:
-                    found = labels_of[row[14]] = list(json.loads(row[14] or "[]"))
-                labels = found
-            for key in _keys(by, row, ended, labels):
-                (groups.get(key) or groups.setdefault(key, _Acc())).add(outcome, duration, row)
-    finished = store.finished_rows(window.since, window.until)
-    for _, done_at, *_rest in finished:
-        daily.setdefault(_local(seconds(done_at), False), [0, 0, 0, 0.0])[2] += 1
-    start = seconds(window.since) if window.since else (first if first is not None else now)
-    end = min(now, seconds(window.until)) if window.until else now
+    since, until = window
+    # Sums by coder, model and hour in the store (one pass over the attempts), then merged
+    # into the coders', the models', the days' and the totals.
+    pairs: dict[tuple[str, str], _Acc] = {}
+    hourly: dict[str, list[float]] = {}  # UTC hour -> attempts, success, finished, cost
+    first: str | None = None
+    for coder, model, hour, outcome, *sums in store.attempt_sums(
+        since, until, ("coder", "model", "hour")
+    ):
+        key = (coder or "?", model or UNKNOWN_MODEL)
+        (pairs.get(key) or pairs.setdefault(key, _Acc())).add_sums(outcome, sums)
+        first = sums[-1] if first is None or (sums[-1] and sums[-1] < first) else first
+        row = hourly.get(hour) or hourly.setdefault(hour, [0, 0, 0, 0.0])
+        row[0] += sums[0]
+        row[1] += sums[0] if outcome == "success" else 0
+        row[3] += sums[5] or 0.0
+    for coder, model, _, duration in store.attempt_durations(since, until, ("coder", "model")):
+        pairs[(coder or "?", model or UNKNOWN_MODEL)].durations.append(max(0.0, duration))
+    total = _merged(pairs.values())
+    coders, models = _by(pairs, 0), _by(pairs, 1)
+    done = done_attempts = 0
+    for hour, tasks, attempts in store.finished_by_hour(since, until):
+        hourly.setdefault(hour, [0, 0, 0, 0.0])[2] += tasks
+        done, done_attempts = done + tasks, done_attempts + (attempts or 0)
+    daily = _local_days(hourly)
+    groups = _groups(store, window, by) if by else {}
+    start = seconds(since) if since else (seconds(first) if first else now)
+    end = min(now, seconds(until)) if until else now
     hours = max(0.0, end - start) / 3600
-    done = len(finished)
     median, p90 = _durations(total)
     outcomes = {c: total.outcomes.get(c, 0) for c in CLASSES}
     outcomes.update({k: v for k, v in sorted(total.outcomes.items()) if k not in outcomes})
     return {
         "generated_at": iso(now),
-        "since": window.since,
-        "until": window.until,
+        "since": since,
+        "until": until,
         "hours": round(hours, 4),
         "by": list(by),
         "tasks": {
             "finished": done,
             "per_hour": round(done / hours, 4) if hours else None,
             "per_day": round(24 * done / hours, 4) if hours else None,
-            "attempts_per_finished": (
-                round(sum(r[2] for r in finished) / done, 4) if done else None
-            ),
+            "attempts_per_finished": round(done_attempts / done, 4) if done else None,
         },
         "attempts": {
             "total": total.attempts,
@@ -431,6 +469,59 @@ def compute(
     }
 
 
+def _groups(store: Store, window: Window, by: Sequence[str]) -> dict[tuple[str, ...], _Acc]:
+    """The --by groups: summed by the store, but for `label` (an attempt is in each label of
+    its task), which takes every attempt's row. `day` and `hour` are local: the store sums by
+    UTC hour, each then put in its local day or hour (an hour of a zone that is not a whole
+    number of hours from UTC goes to the local hour it starts in)."""
+    groups: dict[tuple[str, ...], _Acc] = {}
+    if "label" in by:
+        labels_of: dict[str, list[str]] = {}
+        for row in store.attempt_rows(window.since, window.until, tasks=True):
+            outcome = NAMES.get(row[4] or "", row[4] or "?")
+            if outcome in UNCOUNTED:
+                continue
+            ended = seconds(row[3])
+            duration = max(0.0, ended - seconds(row[2]))
+            found = labels_of.get(row[14])
+            if found is None:
+                found = labels_of[row[14]] = list(json.loads(row[14] or "[]"))
+            for key in _keys(by, row, ended, found):
+                (groups.get(key) or groups.setdefault(key, _Acc())).add(outcome, duration, row)
+        return groups
+    dims = list(dict.fromkeys("hour" if d in ("day", "hour") else d for d in by))
+
+    keys: dict[tuple[Any, ...], tuple[str, ...]] = {}
+
+    def key_of(values: Sequence[Any]) -> tuple[str, ...]:
+        known = keys.get(tuple(values))
+        if known is None:
+            known = keys[tuple(values)] = make_key(values)
+        return known
+
+    def make_key(values: Sequence[Any]) -> tuple[str, ...]:
+        found = dict(zip(dims, values, strict=True))
+        out = []
+        for d in by:
+            if d in ("day", "hour"):
+                out.append(_local(parse(str(found["hour"]) + ":00:00+00:00"), d == "hour"))
+            elif d == "model":
+                out.append(found[d] or UNKNOWN_MODEL)
+            else:
+                out.append(found[d] or "?")
+        return tuple(out)
+
+    for *values, outcome, n, tin, tout, cr, cw, cost, est, unpriced, _ in store.attempt_sums(
+        window.since, window.until, dims
+    ):
+        key = key_of(values)
+        acc = groups.get(key) or groups.setdefault(key, _Acc())
+        acc.add_sums(outcome, [n, tin, tout, cr, cw, cost, est, unpriced])
+    for *values, _, duration in store.attempt_durations(window.since, window.until, dims):
+        groups[key_of(values)].durations.append(max(0.0, duration))
+    return groups
+
+
 def _group(by: Sequence[str], key: tuple[str, ...], acc: _Acc) -> dict[str, Any]:
     median, p90 = _durations(acc)
     return {
@@ -450,12 +541,12 @@ def _group(by: Sequence[str], key: tuple[str, ...], acc: _Acc) -> dict[str, Any]
 
 def _models(store: Store, window: Window) -> list[dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
-    for row in store.usage_rows(window.since, window.until):
-        model = row[3] or UNKNOWN_MODEL
+    for model, calls, uncached, output, read, written, cost, estimated in store.usage_sums(*window):
+        name = model or UNKNOWN_MODEL
         entry = found.setdefault(
-            model,
+            name,
             {
-                "model": model,
+                "model": name,
                 "calls": 0,
                 "input": 0,
                 "output": 0,
@@ -466,11 +557,14 @@ def _models(store: Store, window: Window) -> list[dict[str, Any]]:
                 "estimated": 0.0,
             },
         )
-        for i, name in enumerate(("calls", "input", "output", "cache_read", "cache_write"), 4):
-            entry[name] += row[i] or 0
-        if row[9] is not None:
-            entry["cost"] += row[9]
-            entry["estimated" if row[10] == "estimated" else "reported"] += row[9]
+        entry["calls"] += calls or 0
+        entry["input"] += uncached or 0
+        entry["output"] += output or 0
+        entry["cache_read"] += read or 0
+        entry["cache_write"] += written or 0
+        entry["cost"] += cost or 0.0
+        entry["estimated"] += estimated or 0.0
+        entry["reported"] += (cost or 0.0) - (estimated or 0.0)
     for entry in found.values():
         for name in ("cost", "reported", "estimated"):
             entry[name] = round(entry[name], 6)

@@ -141,6 +141,15 @@ ATTEMPT_COLUMNS = ", ".join(f.name for f in ATTEMPT_FIELDS)
 AUDIT_COLUMNS = ", ".join(f.name for f in AUDIT_FIELDS)
 
 
+# The columns `fleet stats` may group attempts by, and what each one is.
+STAT_DIMENSIONS = {
+    "coder": "a.coder",
+    "model": "a.model",
+    "cwd": "t.cwd",
+    "hour": "substr(a.ended_at, 1, 13)",  # the UTC hour: 2026-12-01T23
+}
+
+
 @contextmanager
 def _db_errors(path: object) -> Iterator[None]:
     try:
@@ -1115,20 +1124,77 @@ class SQLiteStore:
             ).fetchall()
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
-    def attempt_rows(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
-        """The attempts that ended in [since, until), with what `fleet stats` groups them by:
-        (task, n, started_at, ended_at, outcome, coder, model, tokens_in, tokens_out,
-        tokens_cache_read, tokens_cache_write, cost, cost_source, cwd, labels, task_coder,
-        task_model)."""
+    def attempt_rows(
+        self, since: str | None, until: str | None, tasks: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """The attempts that ended in [since, until): (task, n, started_at, ended_at, outcome,
+        coder, model, tokens_in, tokens_out, tokens_cache_read, tokens_cache_write, cost,
+        cost_source, cwd, labels, task_coder, task_model), the last four their task's if
+        `tasks` (a join that doubles the cost of reading 100,000 attempts), else null."""
+        task_columns = "t.cwd, t.labels, t.coder, t.model" if tasks else "NULL, NULL, NULL, NULL"
+        join = " JOIN tasks t ON t.id = a.task" if tasks else ""
         with self._read() as db:
             return db.execute(
                 "SELECT a.task, a.n, a.started_at, a.ended_at, a.outcome, a.coder, a.model,"
                 " a.tokens_in, a.tokens_out, a.tokens_cache_read, a.tokens_cache_write, a.cost,"
-                " a.cost_source, t.cwd, t.labels, t.coder, t.model"
-                " FROM attempts a JOIN tasks t ON t.id = a.task"
+                f" a.cost_source, {task_columns} FROM attempts a{join}"
                 " WHERE a.ended_at IS NOT NULL AND (? IS NULL OR a.ended_at >= ?)"
                 " AND (? IS NULL OR a.ended_at < ?)",
                 (since, since, until, until),
+            ).fetchall()
+
+    def _stat_sql(
+        self, dims: Sequence[str], select: str, since: str | None, until: str | None
+    ) -> tuple[str, tuple[Any, ...], str]:
+        columns = [STAT_DIMENSIONS[d] for d in dims]
+        join = " JOIN tasks t ON t.id = a.task" if "cwd" in dims else ""
+        head = ", ".join([*columns, "a.outcome"])
+        sql = (
+            f"SELECT {head}, {select} FROM attempts a{join} WHERE a.ended_at IS NOT NULL"
+            " AND a.outcome != 'not-started' AND (? IS NULL OR a.ended_at >= ?)"
+            " AND (? IS NULL OR a.ended_at < ?)"
+        )
+        return sql, (since, since, until, until), head
+
+    def attempt_sums(
+        self, since: str | None, until: str | None, dims: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        sql, args, head = self._stat_sql(
+            dims,
+            "count(*), sum(a.tokens_in), sum(a.tokens_out), sum(a.tokens_cache_read),"
+            " sum(a.tokens_cache_write), sum(a.cost),"
+            " sum(CASE WHEN a.cost_source = 'estimated' THEN a.cost END),"
+            " sum(CASE WHEN a.cost IS NULL AND (a.tokens_in > 0 OR a.tokens_out > 0)"
+            " THEN 1 ELSE 0 END), min(a.started_at)",
+            since,
+            until,
+        )
+        with self._read() as db:
+            return db.execute(f"{sql} GROUP BY {head}", args).fetchall()
+
+    def attempt_durations(
+        self, since: str | None, until: str | None, dims: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        # SQLite's own date arithmetic (a PostgreSQL store: extract(epoch from ...)).
+        sql, args, _ = self._stat_sql(
+            dims, "(julianday(a.ended_at) - julianday(a.started_at)) * 86400.0", since, until
+        )
+        with self._read() as db:
+            return db.execute(sql, args).fetchall()
+
+    def usage_sums(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
+        """Tokens and cost by model of the attempts that ended in [since, until): (model,
+        calls, input, output, cache_read, cache_write, cost, estimated cost)."""
+        window = since is not None or until is not None
+        join = " JOIN attempts a ON a.task = u.task AND a.n = u.attempt" if window else ""
+        where = " WHERE (? IS NULL OR a.ended_at >= ?) AND (? IS NULL OR a.ended_at < ?)"
+        with self._read() as db:
+            return db.execute(
+                "SELECT u.model, sum(u.calls), sum(u.input), sum(u.output), sum(u.cache_read),"
+                " sum(u.cache_write), sum(u.cost),"
+                " sum(CASE WHEN u.cost_source = 'estimated' THEN u.cost END)"
+                f" FROM attempt_usage u{join}{where if window else ''} GROUP BY u.model",
+                (since, since, until, until) if window else (),
             ).fetchall()
 
     def usage_rows(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
@@ -1144,14 +1210,15 @@ class SQLiteStore:
                 (since, since, until, until),
             ).fetchall()
 
-    def finished_rows(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
-        """Tasks done in [since, until): (id, finished_at, attempts, coder, model, cwd,
-        labels)."""
+    def finished_by_hour(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
+        """Tasks done in [since, until) by the UTC hour they were done in: (hour, tasks,
+        their attempts)."""
         with self._read() as db:
             return db.execute(
-                "SELECT id, finished_at, attempts, coder, model, cwd, labels FROM tasks"
+                "SELECT substr(finished_at, 1, 13), count(*), sum(attempts) FROM tasks"
                 " WHERE status = 'done' AND finished_at IS NOT NULL"
-                " AND (? IS NULL OR finished_at >= ?) AND (? IS NULL OR finished_at < ?)",
+                " AND (? IS NULL OR finished_at >= ?) AND (? IS NULL OR finished_at < ?)"
+                " GROUP BY substr(finished_at, 1, 13)",
                 (since, since, until, until),
             ).fetchall()
 
