@@ -57,7 +57,9 @@ def dispatch_lock(paths: Paths, wait: bool = True) -> Iterator[None]:
         os.close(fd)
 
 
-def recover(store: Store, scope: Scope, me: str) -> list[str]:
+def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> list[str]:
+    """Release the claims of this host whose lease ran out and whose unit is gone (the attempt
+    was lost), with what it spent as its live figures in `paths` last had it."""
     now = now_iso()
     stale = [t for t in store.claims(me) if t.lease_until is not None and t.lease_until < now]
     if not stale:
@@ -67,7 +69,13 @@ def recover(store: Store, scope: Scope, me: str) -> list[str]:
     for task in stale:
         if alive.get(task.id, ("inactive", ""))[0] in systemd.ALIVE:
             continue
-        store.release(task.id, me, AttemptEnd("lost"))
+        # What the lost attempt spent, as far as its runner published it (fleet.live).
+        from fleet.usage import attempt_end
+
+        spent = live.spent(paths, task.id, task.attempts) if paths else {}
+        store.release(task.id, me, attempt_end("lost", spent, None))
+        if paths:
+            live.remove(paths, task.id)
         recovered.append(task.id)
     return recovered
 
@@ -78,7 +86,7 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: boo
     with dispatch_lock(paths, wait):
         wake.consume(paths)
         try:
-            recovered = recover(store, scope, me)
+            recovered = recover(store, scope, me, paths)
             budget.check(store, config)  # close the gates of coders over their daily budget
             running = len(store.claims(me))
             free = config.get_int("max_concurrent") - running

@@ -53,6 +53,16 @@ def read(paths: Paths, task_id: str, attempt: int | None = None) -> dict[str, An
     return obj
 
 
+def spent(paths: Paths, task_id: str, attempt: int) -> dict[str, Any]:
+    """The attempt's spend as its live figures last had it, in the outcome file's names; empty
+    if it published none."""
+    figures = read(paths, task_id, attempt) or {}
+    names = ("tokens_in", "tokens_out", "cost", "cache_read", "cache_write", "cost_source")
+    found = {name: figures.get(name) for name in (*names, "model", "usage")}
+    found["session"] = figures.get("session")
+    return found
+
+
 def remove(paths: Paths, task_id: str) -> None:
     with contextlib.suppress(OSError):
         path(paths, task_id).unlink()

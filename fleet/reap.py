@@ -20,11 +20,10 @@ attempt `not-started` and the person's status kept.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from fleet import live, taskdir, usage, wake
 from fleet import outcome as outcome_file
@@ -244,41 +243,11 @@ def ending(
 ) -> AttemptEnd:
     """The attempt's record: what its runner wrote, or for a runner that died without an
     outcome, its spend as its live figures last had it (fleet.live)."""
-    exit_status = found.exit_status if found else _exit_status(service)
     if found is None:
-        figures = live.read(paths, task.id, task.attempts) or {}
-        spent: dict[str, Any] = {
-            "tokens_in": figures.get("tokens_in"),
-            "tokens_out": figures.get("tokens_out"),
-            "cost": figures.get("cost"),
-            "session": figures.get("session"),
-            "cache_read": figures.get("cache_read"),
-            "cache_write": figures.get("cache_write"),
-            "cost_source": figures.get("cost_source"),
-            "model": figures.get("model"),
-            "usage": figures.get("usage"),
-        }
-    else:
-        spent = found._asdict()
-    totals = found.session_totals if found else None
-    return AttemptEnd(
-        kind,
-        exit_status=exit_status,
-        tokens_in=spent["tokens_in"],
-        tokens_out=spent["tokens_out"],
-        cost=spent["cost"],
-        session_id=spent["session"],
-        cache_read=spent["cache_read"],
-        cache_write=spent["cache_write"],
-        cost_source=spent["cost_source"],
-        model=spent["model"],
-        usage=tuple(
-            tuple(m.get(k) for k in usage.ModelSpend._fields)
-            for m in spent["usage"] or ()
-            if isinstance(m, dict)
-        ),
-        session_totals=json.dumps(totals) if totals else None,
-    )
+        return usage.attempt_end(
+            kind, live.spent(paths, task.id, task.attempts), _exit_status(service)
+        )
+    return usage.attempt_end(kind, found._asdict(), found.exit_status, found.session_totals)
 
 
 def release_refused(

@@ -11,10 +11,12 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from fleet.coders.base import Call, Tally
+from fleet.model import AttemptEnd
 from fleet.pricing import Table
 
 REPORTED, ESTIMATED = "reported", "estimated"
@@ -122,3 +124,31 @@ def describe(spend: Spend) -> str:
 
 def models_json(models: Sequence[ModelSpend]) -> list[dict[str, Any]]:
     return [m.to_json() for m in models]
+
+
+def attempt_end(
+    outcome: str,
+    spent: Mapping[str, Any],
+    exit_status: int | None,
+    totals: Mapping[str, Any] | None = None,
+) -> AttemptEnd:
+    """The record of an attempt's end from its spend in the outcome file's names (tokens_in,
+    tokens_out, cost, session, cache_read, cache_write, cost_source, model, usage)."""
+    return AttemptEnd(
+        outcome,
+        exit_status=exit_status,
+        tokens_in=spent.get("tokens_in"),
+        tokens_out=spent.get("tokens_out"),
+        cost=spent.get("cost"),
+        session_id=spent.get("session"),
+        cache_read=spent.get("cache_read"),
+        cache_write=spent.get("cache_write"),
+        cost_source=spent.get("cost_source"),
+        model=spent.get("model"),
+        usage=tuple(
+            tuple(m.get(k) for k in ModelSpend._fields)
+            for m in spent.get("usage") or ()
+            if isinstance(m, dict)
+        ),
+        session_totals=json.dumps(totals) if totals else None,
+    )

@@ -342,3 +342,27 @@ def fleet_config(fleet: Fleet) -> Any:
 
     paths = resolve(env={"FLEET_HOME": str(fleet.home)})
     return load(paths, env={})
+
+
+def test_an_attempt_whose_runner_dies_keeps_what_it_spent(fleet: Fleet) -> None:
+    task_id = add(
+        fleet, "dies", "replay", stream(fleet.project, "dies", usage(SONNET), {"sleep": 600})
+    )
+    fleet.wait_running(task_id)
+
+    def published() -> bool:
+        rows = as_json(fleet, "status", "--json")["running"]
+        return bool(rows) and rows[0]["tokens_in"] == 1800
+
+    fleet.box.wait_for(published, 30, "the attempt's live figures")
+    # SIGKILL to fleet-run alone: no outcome file; fleet-reap finds the live figures.
+    fleet.box.systemctl("kill", "--kill-who=main", "-s", "KILL", f"fleet-task@{task_id}")
+    (attempt,) = settled(fleet, task_id)["attempt_log"]
+    assert attempt["outcome"] == "killed"
+    assert (attempt["tokens_in"], attempt["tokens_cache_read"], attempt["model"]) == (
+        1800,
+        500,
+        "claude-sonnet-4-5",
+    )
+    assert (attempt["cost"], attempt["cost_source"]) == (pytest.approx(SONNET_USD), "estimated")
+    assert not (fleet.home / "live" / f"{task_id}.json").exists()
