@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import budget, stats
+from fleet import budget, report, stats
 from fleet.config import load
 from fleet.errors import InputError
 from fleet.model import AttemptEnd, Status, TaskSpec
@@ -159,8 +159,8 @@ def test_the_command_refuses_bad_windows(fleet: Fleet) -> None:
 
 
 def test_sparklines_and_quantiles() -> None:
-    assert stats.sparkline([0, 1, 2, 4, 8]) == "▁▂▃▅█"  # v / 8 * 7, rounded
-    assert stats.sparkline([0, 0]) == "▁▁"
+    assert report.sparkline([0, 1, 2, 4, 8]) == "▁▂▃▅█"  # v / 8 * 7, rounded
+    assert report.sparkline([0, 0]) == "▁▁"
     assert stats.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
     assert stats.quantile([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], 0.9) == 9.1
     assert stats.quantile([], 0.5) is None

@@ -45,6 +45,7 @@ def stats(
     Every figure comes from the attempts' own records: a resumed session's earlier share is
     never counted twice. The JSON object's fields are in fleet(1) under JSON OUTPUT.
     """
+    from fleet import report
     from fleet import stats as fleet_stats
     from fleet.errors import InputError
     from fleet.output import emit_csv, emit_object
@@ -58,6 +59,6 @@ def stats(
     if fmt == "json":
         emit_object(figures)
     elif fmt == "csv":
-        emit_csv(*fleet_stats.csv_rows(figures))
+        emit_csv(*report.csv_rows(figures))
     else:
-        sys.stdout.write(fleet_stats.text(figures))
+        sys.stdout.write(report.text(figures))
