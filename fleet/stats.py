@@ -393,23 +393,25 @@ def compute(
             raise InputError(f"cannot group by {dim!r}", hint="by: " + ", ".join(DIMENSIONS))
     now = time.time() if now is None else now
     since, until = window
-    # Sums by coder, model and hour in the store (one pass over the attempts), then merged
-    # into the coders', the models', the days' and the totals.
+    # Sums by coder and model in the store, then merged into the coders', the models' and the
+    # totals; the attempts one by one only for their durations and the hour they ended in.
     pairs: dict[tuple[str, str], _Acc] = {}
-    hourly: dict[str, list[float]] = {}  # UTC hour -> attempts, success, finished, cost
     first: str | None = None
-    for coder, model, hour, outcome, *sums in store.attempt_sums(
-        since, until, ("coder", "model", "hour")
-    ):
+    for coder, model, outcome, *sums in store.attempt_sums(since, until, ("coder", "model")):
         key = (coder or "?", model or UNKNOWN_MODEL)
         (pairs.get(key) or pairs.setdefault(key, _Acc())).add_sums(outcome, sums)
         first = sums[-1] if first is None or (sums[-1] and sums[-1] < first) else first
-        row = hourly.get(hour) or hourly.setdefault(hour, [0, 0, 0, 0.0])
-        row[0] += sums[0]
-        row[1] += sums[0] if outcome == "success" else 0
-        row[3] += sums[5] or 0.0
-    for coder, model, _, duration in store.attempt_durations(since, until, ("coder", "model")):
+    hourly: dict[str, list[float]] = {}  # UTC hour -> attempts, success, finished, cost
+    for coder, model, outcome, duration, hour, cost in store.attempt_durations(
+        since, until, ("coder", "model")
+    ):
         pairs[(coder or "?", model or UNKNOWN_MODEL)].durations.append(max(0.0, duration))
+        row = hourly.get(hour)
+        if row is None:
+            row = hourly[hour] = [0, 0, 0, 0.0]
+        row[0] += 1
+        row[1] += outcome == "success"
+        row[3] += cost or 0.0
     total = _merged(pairs.values())
     coders, models = _by(pairs, 0), _by(pairs, 1)
     done = done_attempts = 0
@@ -516,7 +518,7 @@ def _groups(store: Store, window: Window, by: Sequence[str]) -> dict[tuple[str, 
         key = key_of(values)
         acc = groups.get(key) or groups.setdefault(key, _Acc())
         acc.add_sums(outcome, [n, tin, tout, cr, cw, cost, est, unpriced])
-    for *values, _, duration in store.attempt_durations(window.since, window.until, dims):
+    for *values, _, duration, _, _ in store.attempt_durations(window.since, window.until, dims):
         groups[key_of(values)].durations.append(max(0.0, duration))
     return groups
 

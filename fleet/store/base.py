@@ -250,7 +250,8 @@ class Store(Protocol):
     def attempt_durations(
         self, since: str | None, until: str | None, dims: Sequence[str]
     ) -> list[tuple[Any, ...]]:
-        """The same attempts one by one: (*dims, outcome, duration in seconds)."""
+        """The same attempts one by one: (*dims, outcome, duration in seconds, the UTC hour
+        they ended in, cost)."""
         ...
 
     def usage_sums(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]: ...

