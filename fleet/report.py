@@ -150,7 +150,16 @@ def text(figures: dict[str, Any]) -> str:
     for dim in ("coder", "model"):
         lines += table(
             f"BY {dim.upper()}",
-            [dim.upper(), "ATTEMPTS", "SUCCESS", "RATE", "MEDIAN", "COST", "PER SUCCESS", "TOKENS"],
+            [
+                dim.upper(),
+                "ATTEMPTS",
+                "SUCCESS",
+                "RATE",
+                "MEDIAN",
+                "COST",
+                "PER FINISHED",
+                "TOKENS",
+            ],
             [
                 [
                     r["name"],
@@ -159,7 +168,7 @@ def text(figures: dict[str, Any]) -> str:
                     _pct(r["success_rate"]),
                     _duration(r["median_duration_s"]),
                     _money(r["cost"]),
-                    _money(r["cost_per_success"]),
+                    _money(r["cost_per_finished"]),
                     _n(r["tokens"]),
                 ]
                 for r in figures["leaderboard"][dim]

@@ -103,7 +103,8 @@ FIELDS: tuple[Field, ...] = (
         "leaderboard.coder",
         "array",
         "one row per coder, most successes first: name, attempts, success, success_rate,"
-        " median_duration_s, cost, cost_per_success, tokens",
+        " median_duration_s, cost, cost_per_finished (its cost over its successful attempts,"
+        " each of which finished a task), tokens",
     ),
     Field(
         "leaderboard.model",
@@ -338,7 +339,7 @@ def _board(groups: dict[str, _Acc]) -> list[dict[str, Any]]:
                 "success_rate": _round(acc.rate()),
                 "median_duration_s": median,
                 "cost": round(acc.cost, 6),
-                "cost_per_success": round(acc.cost / acc.success, 6) if acc.success else None,
+                "cost_per_finished": round(acc.cost / acc.success, 6) if acc.success else None,
                 "tokens": acc.tokens()["total"],
             }
         )

@@ -187,7 +187,7 @@ def test_stats_and_metrics_of_real_runs(fleet: Fleet) -> None:
     boards = {r["name"]: r for r in figures["leaderboard"]["coder"]}
     assert (boards["replay"]["attempts"], boards["replay"]["success"]) == (5, 1)
     assert (boards["command"]["attempts"], boards["command"]["success"]) == (2, 0)
-    assert boards["replay"]["cost_per_success"] == pytest.approx(0.01 + GPT5_USD + 2 * SONNET_USD)
+    assert boards["replay"]["cost_per_finished"] == pytest.approx(0.01 + GPT5_USD + 2 * SONNET_USD)
     models = {m["model"]: m for m in figures["models"]}
     assert (models["claude-sonnet-4-5"]["calls"], models["gpt-5"]["calls"]) == (3, 1)
     assert models["claude-sonnet-4-5"]["reported"] == pytest.approx(0.01)

@@ -3,8 +3,9 @@
 `--watch` never polls: it sleeps in select() on inotify watches of the state directory (the
 store's fleet.db, its -wal and fleet.lock, which every commit touches, and the dispatcher's
 record of its last pass) and of the live figures of running attempts (fleet.live), and on
-SIGWINCH; it also wakes when a gate or question it shows expires, and once a minute for the
-ages it shows. Ctrl-C ends it with exit status 0 and the terminal as it was.
+SIGWINCH; it also wakes when a gate or question it shows expires, and, while it shows
+questions, once a minute for their ages. Ctrl-C ends it with exit status 0 and the terminal
+as it was.
 """
 
 from __future__ import annotations
@@ -65,15 +66,18 @@ def _draw(text: str) -> None:
     sys.stdout.flush()
 
 
-def _next_wake(snap: dict[str, Any], now: float) -> float:
-    """Seconds until something shown changes by itself: a gate or question expires."""
+def _next_wake(snap: dict[str, Any], now: float) -> float | None:
+    """Seconds until something shown changes by itself (a gate or a question expires, a day's
+    budget starts anew, a question's age shown in minutes moves on), or None: nothing will."""
     from fleet.timeutil import parse
 
     times = [g["until"] for g in snap["gates"] if g["until"]]
     times += [q["expires_at"] for q in snap["questions"]]
     times += [b["resets_at"] for b in snap["budgets"]]
-    later = [parse(t) - now for t in times if t]
-    return max(0.05, min([MINUTE, *(t + 0.05 for t in later if t > 0)]))
+    later = [parse(t) - now + 0.05 for t in times if t and parse(t) > now]
+    if snap["questions"]:
+        later.append(MINUTE)
+    return max(0.05, min(later)) if later else None
 
 
 def _watch(app: App) -> int:
@@ -125,7 +129,7 @@ def _watch(app: App) -> int:
 
 
 def _changed(
-    sel: selectors.BaseSelector, inotify: Any, wake: socket.socket, timeout: float
+    sel: selectors.BaseSelector, inotify: Any, wake: socket.socket, timeout: float | None
 ) -> bool:
     """Wait up to `timeout` seconds; whether something worth a redraw happened."""
     found = False
