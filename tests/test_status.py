@@ -260,6 +260,7 @@ def test_watch_redraws_on_change_and_ends_cleanly_on_ctrl_c(
     fleet.ok("resume")
     wait_for(lambda: "seen in tmux" not in tmux.screen(), 10, "the pause lifted")
     tmux("send-keys", "-t", "watch", "C-c")
-    wait_for(marker.exists, 10, "fleet status --watch to end")
+    # The shell creates the file before echo writes to it: wait for what it says.
+    wait_for(lambda: marker.exists() and marker.read_text().strip() != "", 10, "the exit status")
     assert marker.read_text().strip() == "0"
     assert "Traceback" not in tmux.screen() and "interrupted" not in tmux.screen()
