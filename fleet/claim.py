@@ -2,9 +2,10 @@
 
 Under an exclusive lock (so concurrent passes on a host never exceed the cap): consume the wake
 poke, recover stale claims (lease expired and unit not alive: back to ready, attempt recorded as
-lost), then claim up to `max_concurrent` minus this host's live claims, honouring the pause and
-per-coder gates, and start a fleet-task@ID unit for each. Claims whose unit cannot be started
-are released at once, so no task is stranded.
+lost), close the gates of coders over their daily budget (fleet.budget), then claim up to
+`max_concurrent` minus this host's live claims, honouring the pause and per-coder gates, and
+start a fleet-task@ID unit for each. Claims whose unit cannot be started are released at once,
+so no task is stranded.
 
 The commands that make work ready (`fleet add`, `fleet retry`, `fleet resume`) run the same pass
 themselves when they can start this queue's units (`dispatch_or_wake`): that takes the path
@@ -23,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from fleet import systemd, wake
+from fleet import budget, live, systemd, wake
 from fleet.config import Config
 from fleet.errors import FleetError
 from fleet.host import owner
@@ -56,7 +57,9 @@ def dispatch_lock(paths: Paths, wait: bool = True) -> Iterator[None]:
         os.close(fd)
 
 
-def recover(store: Store, scope: Scope, me: str) -> list[str]:
+def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> list[str]:
+    """Release the claims of this host whose lease ran out and whose unit is gone (the attempt
+    was lost), with what it spent as its live figures in `paths` last had it."""
     now = now_iso()
     stale = [t for t in store.claims(me) if t.lease_until is not None and t.lease_until < now]
     if not stale:
@@ -66,7 +69,13 @@ def recover(store: Store, scope: Scope, me: str) -> list[str]:
     for task in stale:
         if alive.get(task.id, ("inactive", ""))[0] in systemd.ALIVE:
             continue
-        store.release(task.id, me, AttemptEnd("lost"))
+        # What the lost attempt spent, as far as its runner published it (fleet.live).
+        from fleet.usage import attempt_end
+
+        spent = live.spent(paths, task.id, task.attempts) if paths else {}
+        store.release(task.id, me, attempt_end("lost", spent, None))
+        if paths:
+            live.remove(paths, task.id)
         recovered.append(task.id)
     return recovered
 
@@ -76,25 +85,33 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: boo
     me = owner()
     with dispatch_lock(paths, wait):
         wake.consume(paths)
-        recovered = recover(store, scope, me)
-        running = len(store.claims(me))
-        free = config.get_int("max_concurrent") - running
-        claimed = store.claim(
-            free,
-            me,
-            config.get_int("lease_seconds"),
-            config.get_str("default_coder"),
-            config.get_str("default_model"),
-        )
-        ids = [t.id for t in claimed]
         try:
-            systemd.start(scope, ids)
+            recovered = recover(store, scope, me, paths)
+            budget.check(store, config)  # close the gates of coders over their daily budget
+            running = len(store.claims(me))
+            free = config.get_int("max_concurrent") - running
+            claimed = store.claim(
+                free,
+                me,
+                config.get_int("lease_seconds"),
+                config.get_str("default_coder"),
+                config.get_str("default_model"),
+            )
+            ids = [t.id for t in claimed]
+            try:
+                systemd.start(scope, ids)
+            except FleetError as e:
+                for task_id in ids:
+                    store.release(task_id, me, AttemptEnd("not-started"))
+                sys.stderr.write(f"fleet-claim: cannot start units, released {len(ids)}: {e}\n")
+                raise
         except FleetError as e:
-            for task_id in ids:
-                store.release(task_id, me, AttemptEnd("not-started"))
-            sys.stderr.write(f"fleet-claim: cannot start units, released {len(ids)}: {e}\n")
+            live.record_pass(paths, {"error": e.message})
             raise
-        return Pass(recovered, ids, running + len(ids))
+        done = Pass(recovered, ids, running + len(ids))
+        what = {"started": len(ids), "recovered": len(recovered), "running": done.running}
+        live.record_pass(paths, what)
+        return done
 
 
 def can_start_units(paths: Paths, scope: Scope) -> bool:

@@ -34,6 +34,8 @@ from fleet.errors import EXIT_CODES, ConfigError
 from fleet.model import ATTEMPT_FIELDS, AUDIT_FIELDS, CHECKPOINT_FIELDS, TASK_FIELDS, Field
 from fleet.paths import resolve
 from fleet.settings import BUILTIN_CODERS, CODER_SETTINGS, SETTINGS, Setting, template
+from fleet.stats import FIELDS as STATS_FIELDS
+from fleet.status import FIELDS as STATUS_FIELDS
 
 PROG = "fleet"
 COMPLETE_VAR = "_FLEET_COMPLETE"
@@ -454,6 +456,7 @@ _JSON_TYPES = {
     "bool": "boolean",
     "list": "array of strings",
     "object": "object",
+    "array": "array of objects",
 }
 
 
@@ -493,6 +496,20 @@ def json_output(root: click.Context) -> list[str]:
         ".PP",
         f"{bold('fleet history --json')} lists a task's audit entries, oldest first:",
         *field_list(AUDIT_FIELDS),
+        ".PP",
+        f"In {bold('fleet show --json')}, each attempt object also has {bold('usage')}: its"
+        " tokens and cost by model, a list of objects with model, calls, input, output,"
+        " cache_read, cache_write (the four token kinds are disjoint), cost and cost_source."
+        f" {bold('fleet ready --json')} adds {bold('held')} to each task: why a gate holds it"
+        " back (the pause, its coder's rate limit or daily budget), or null for the next ones.",
+        ".PP",
+        f"{bold('fleet status --json')} prints one object, the snapshot that {bold('fleet status')}"
+        " shows and that the dashboard reads (dotted names are keys of nested objects):",
+        *field_list(STATUS_FIELDS),
+        ".PP",
+        f"{bold('fleet stats --json')} prints one object (costs in US dollars, times UTC ISO"
+        " 8601, durations in seconds):",
+        *field_list(STATS_FIELDS),
     ]
 
 
@@ -587,6 +604,8 @@ _KINDS = {
     "ids": "list of integers",
     "table": "table of strings",
     "sizes": "table of positive integers",
+    "number": "number",
+    "prices": "table of price tables",
 }
 
 

@@ -117,6 +117,8 @@ class Sink:
                     obj[name] = value
             if event.is_error:
                 obj["is_error"] = True
+            if event.calls:
+                obj["calls"] = [c._asdict() for c in event.calls]
             sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
             sys.stdout.flush()
             if self.log is not None:

@@ -257,3 +257,27 @@ def tamed(value: str, limit: int = MAX_REASON) -> str:
 def by(text: str) -> str:
     """Who answers (`fleet answer --by`): one line."""
     return one_line("--by name", text, MAX_BY)
+
+
+def amount(field: str, text: str) -> float:
+    """A sum of money in US dollars: a finite number, at least 0."""
+    try:
+        value = float(text.strip().removeprefix("$"))
+    except ValueError:
+        raise InputError(f"{field} must be a number of US dollars, not {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise InputError(f"{field} must be a number of US dollars, at least 0")
+    return value
+
+
+def count(field: str, text: str) -> int:
+    """A whole number, at least 0."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise InputError(f"{field} must be a whole number, not {text!r}") from None
+    if value < 0:
+        raise InputError(f"{field} must be at least 0")
+    if value >= 1 << 63:  # the store's integers are 64-bit
+        raise InputError(f"{field} is too large (at most {(1 << 63) - 1})")
+    return value

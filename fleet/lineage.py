@@ -9,6 +9,8 @@ Invariants:
   (fleet-reap), and its next attempt is claimed once every subtask it waits for is done;
 - a handoff is accepted only for a coder that is configured and whose program is here (the
   check `fleet doctor` makes); a refused one changes nothing and says why;
+- a handoff's successor inherits its predecessor's budgets, and what the predecessors spent
+  counts against them (`spent`);
 - a handoff's successor and a merge task start from the work they continue: a successor of a
   worktree task branches from the predecessor's branch, a merge task depends on the tasks it
   consolidates (or on the successors they were handed off to);
@@ -110,8 +112,24 @@ def handoff(
         base=task.base,
         merge=task.merge,
         merged_from=task.merged_from,  # a merge task handed on still consolidates the same
+        # The work goes on, and so does its budget (which counts what its predecessors spent).
+        max_cost_usd=task.max_cost_usd,
+        max_tokens=task.max_tokens,
     )
     return store.handoff(task_id, successor, context)
+
+
+def spent(store: Store, task: Task) -> tuple[float, int]:
+    """(cost, tokens) of the task's attempts and of its predecessors': what its budget has
+    used up, since a successor carries its predecessor's work, and its budget, on."""
+    cost, tokens, seen = 0.0, 0, set()
+    current: Task | None = task
+    while current is not None and current.id not in seen:
+        seen.add(current.id)
+        cost += current.cost or 0.0
+        tokens += (current.tokens_in or 0) + (current.tokens_out or 0)
+        current = store.get(current.predecessor) if current.predecessor else None
+    return cost, tokens
 
 
 def start_branch(store: Store, task: Task) -> str | None:

@@ -97,7 +97,11 @@ TASK_FIELDS: tuple[Field, ...] = (
     Field("finished_at", "text", "UTC ISO 8601 time it was last done or cancelled, or null"),
     Field("tokens_in", "int", "input tokens of all attempts (cached included), or null"),
     Field("tokens_out", "int", "output tokens of all attempts, or null"),
-    Field("cost", "real", "cost of all attempts in US dollars where reported, or null"),
+    Field(
+        "cost",
+        "real",
+        "cost of all attempts in US dollars, as reported or estimated (see cost_source), or null",
+    ),
     Field("question", "text", "id of the agent's question waiting for an answer, or null"),
     Field(
         "isolation",
@@ -136,6 +140,30 @@ TASK_FIELDS: tuple[Field, ...] = (
     Field("predecessor", "text", "the task this one took over from by a handoff, or null"),
     Field("merged_from", "list", "ids of the tasks whose work this one consolidates"),
     Field("handoff", "text", "the context the predecessor handed over, or null"),
+    Field(
+        "tokens_cache_read",
+        "int",
+        "of tokens_in, those read from the model's cache, where the coder tells them apart",
+    ),
+    Field("tokens_cache_write", "int", "of tokens_in, those written into the model's cache"),
+    Field(
+        "cost_source",
+        "text",
+        "reported (every attempt's cost as its coder reported it), estimated (from the price"
+        " table), mixed, or null while there is no cost",
+    ),
+    Field(
+        "max_cost_usd",
+        "real",
+        "the task's budget in US dollars over all its attempts; null means the max_cost_usd"
+        " setting",
+    ),
+    Field(
+        "max_tokens",
+        "int",
+        "the task's budget in tokens (input and output) over all its attempts; null means the"
+        " max_tokens setting",
+    ),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -148,8 +176,22 @@ ATTEMPT_FIELDS: tuple[Field, ...] = (
     Field("exit_status", "int", "the coder's exit status, or null"),
     Field("tokens_in", "int", "input tokens, or null"),
     Field("tokens_out", "int", "output tokens, or null"),
-    Field("cost", "real", "cost in US dollars where the coder reports it, or null"),
+    Field(
+        "cost",
+        "real",
+        "its own cost in US dollars (a resumed session's earlier share taken out), reported by"
+        " the coder or else estimated from the price table (see cost_source), or null",
+    ),
     Field("session_id", "text", "the coder's session id, or null"),
+    Field("coder", "text", "the coder it ran"),
+    Field("model", "text", "the model that did most of its work, or null if not known"),
+    Field("tokens_cache_read", "int", "of tokens_in, those read from the model's cache, or null"),
+    Field("tokens_cache_write", "int", "of tokens_in, those written into the cache, or null"),
+    Field(
+        "cost_source",
+        "text",
+        "reported (by the coder), estimated (from the price table), or null with no cost",
+    ),
 )
 
 
@@ -193,6 +235,11 @@ class Task(NamedTuple):
     predecessor: str | None
     merged_from: tuple[str, ...]
     handoff: str | None
+    tokens_cache_read: int | None
+    tokens_cache_write: int | None
+    cost_source: str | None
+    max_cost_usd: float | None
+    max_tokens: int | None
 
     @property
     def isolated(self) -> bool:
@@ -221,6 +268,11 @@ class Attempt(NamedTuple):
     tokens_out: int | None
     cost: float | None
     session_id: str | None
+    coder: str | None
+    model: str | None
+    tokens_cache_read: int | None
+    tokens_cache_write: int | None
+    cost_source: str | None
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in ATTEMPT_FIELDS}
@@ -315,6 +367,8 @@ class TaskSpec(NamedTuple):
     merge: str | None = None  # with worktree isolation: the merge-back strategy, None: setting
     parent_waits: bool = False  # the parent depends on this task (its `after` gains it)
     merged_from: tuple[str, ...] = ()  # the tasks it consolidates (full ids)
+    max_cost_usd: float | None = None  # budgets over all attempts; None: the settings'
+    max_tokens: int | None = None
 
 
 class TaskEdit(NamedTuple):
@@ -332,6 +386,8 @@ class TaskEdit(NamedTuple):
     add_after: tuple[str, ...] = ()
     remove_after: tuple[str, ...] = ()
     clear: frozenset[str] = frozenset()  # fields to set to null
+    max_cost_usd: float | None = None
+    max_tokens: int | None = None
 
     @property
     def touches_run(self) -> bool:
@@ -342,7 +398,7 @@ class TaskEdit(NamedTuple):
 
 
 class AttemptEnd(NamedTuple):
-    """How an attempt ended, as recorded on its row."""
+    """How an attempt ended, as recorded on its row (its own tokens and cost, fleet.usage)."""
 
     outcome: str
     exit_status: int | None = None
@@ -350,6 +406,13 @@ class AttemptEnd(NamedTuple):
     tokens_out: int | None = None
     cost: float | None = None
     session_id: str | None = None
+    cache_read: int | None = None
+    cache_write: int | None = None
+    cost_source: str | None = None  # reported, estimated, or None
+    model: str | None = None
+    # (model, calls, input, output, cache_read, cache_write, cost, cost_source) per model
+    usage: tuple[tuple[Any, ...], ...] = ()
+    session_totals: str | None = None  # JSON: what the CLI reported for its whole session
 
 
 class MergeMark(NamedTuple):

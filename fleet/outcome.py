@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fleet.fsutil import write_atomic
 
@@ -21,7 +21,8 @@ class Outcome(NamedTuple):
     task: str
     attempt: int
     invocation: str
-    verdict: str  # success, failure, killed, rate-limited, context-pressure, refused, error
+    # success, failure, killed, rate-limited, context-pressure, budget, refused, error
+    verdict: str
     reason: str = ""
     exit_status: int | None = None
     signal: str | None = None
@@ -32,6 +33,14 @@ class Outcome(NamedTuple):
     session: str | None = None
     closes_on_success: bool = False
     resets_at: float | None = None  # rate-limited: when the provider's window resets
+    # The attempt's own spend (fleet.usage): cached tokens, where the cost came from, the main
+    # model, tokens and cost by model, and what the CLI said of its whole session.
+    cache_read: int | None = None
+    cache_write: int | None = None
+    cost_source: str | None = None
+    model: str | None = None
+    usage: list[dict[str, Any]] | None = None
+    session_totals: dict[str, Any] | None = None
 
 
 def write(task_dir: Path, outcome: Outcome) -> None:

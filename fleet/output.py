@@ -1,7 +1,8 @@
 """The one way fleet prints results: a table or text for people, or JSON for programs.
 
 Every listing command takes the same `--json` (one JSON array, streamed) and `--nl` (one JSON
-object per line) options through `output_options`, and prints through `emit_*` here. Tables go
+object per line) options through `output_options`, and prints through `emit_*` here (also
+CSV, for the rows of `fleet stats`). Tables go
 through tabulate; nothing else in fleet formats columns by hand.
 
 Invariant: whatever is printed for people (tables, `key  value` blocks, text, and every
@@ -106,6 +107,15 @@ def emit_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     if not rows:
         return
     sys.stdout.write(_tabulated(rows, False, headers=list(headers), tablefmt="simple") + "\n")
+
+
+def emit_csv(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """RFC 4180 CSV with a header line (`fleet stats --csv`); None is an empty field."""
+    import csv
+
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(headers)
+    writer.writerows(["" if v is None else v for v in row] for row in rows)
 
 
 def emit_pairs(pairs: Sequence[tuple[str, Any]]) -> None:

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from fleet import inputs, taskdir, wake
+from fleet import inputs, live, taskdir, usage, wake
 from fleet import outcome as outcome_file
 from fleet.config import Config
 from fleet.errors import Conflict, FleetError
@@ -52,6 +52,7 @@ OUTCOMES = (
     "handed-off",  # the task went to a successor meanwhile: it stays handed-off, no count
     "waiting",  # ended well, waiting for subtasks: ready again once they are done, no count
     "blocked",  # ended on its own with its task blocked meanwhile (by the agent): no count
+    "budget",  # stopped at the task's max_cost_usd or max_tokens: blocked with the figure
 )
 REQUEUED = ("interrupted", "rate-limited", "context-pressure")
 FAILURES = ("failure", "timeout", "oom", "watchdog", "lost")
@@ -155,7 +156,7 @@ def classify(
         return "noclose", "the agent finished without closing the task"
     if found.verdict == "killed":
         return "killed", found.stopped_by or found.reason
-    if found.verdict in ("rate-limited", "context-pressure"):
+    if found.verdict in ("rate-limited", "context-pressure", "budget"):
         return found.verdict, found.reason or found.verdict
     return "failure", found.reason or "failed"
 
@@ -174,6 +175,8 @@ def policy(task: Task, kind: str, reason: str, config: Config) -> tuple[Status, 
         return Status.READY, reason
     if kind == "blocked":  # `finish` keeps the block and its reason
         return Status.BLOCKED, reason
+    if kind == "budget":
+        return Status.BLOCKED, f"budget: {reason}"
     if kind in REQUEUED:
         return Status.READY, f"{kind}: {reason}"
     if kind == "noclose":
@@ -230,23 +233,33 @@ def settle(
     count: Count | None = (
         "failure" if kind in FAILURES else "noclose" if kind == "noclose" else None
     )
-    end = AttemptEnd(
-        kind,
-        exit_status=found.exit_status if found else _exit_status(service),
-        tokens_in=found.tokens_in if found else None,
-        tokens_out=found.tokens_out if found else None,
-        cost=found.cost if found else None,
-        session_id=found.session if found else None,
-    )
+    end = ending(paths, task, kind, found, service)
     try:
         after = store.finish(task_id, owner(), end, status, why, count, ahead)
     except Conflict:
         return None  # someone else reaped it meanwhile
+    live.remove(paths, task_id)
     if after.status == Status.MERGING:
         after = merge_back(paths, store, config, after)
     wake.poke(paths)
     alert(paths, config, task, after, kind)
     return kind
+
+
+def ending(
+    paths: Paths,
+    task: Task,
+    kind: str,
+    found: outcome_file.Outcome | None,
+    service: Service | None,
+) -> AttemptEnd:
+    """The attempt's record: what its runner wrote, or for a runner that died without an
+    outcome, its spend as its live figures last had it (fleet.live)."""
+    if found is None:
+        return usage.attempt_end(
+            kind, live.spent(paths, task.id, task.attempts), _exit_status(service)
+        )
+    return usage.attempt_end(kind, found._asdict(), found.exit_status, found.session_totals)
 
 
 def release_refused(
@@ -354,7 +367,7 @@ def hold_back(
     if gate is None or gate[0] is None:
         resets = found.resets_at if found and found.resets_at else None
         until = resets or time.time() + config.get_int("rate_limit_backoff_seconds")
-        store.set_gate(f"coder:{coder}", iso(until), f"{coder} rate-limited")
+        store.set_gate(f"coder:{coder}", iso(until), f"{coder} rate-limited", kind="rate-limit")
         wake_at = until
     else:
         wake_at = parse(gate[0])

@@ -25,10 +25,13 @@ from fleet import (
     coders,
     ids,
     lineage,
+    live,
     outcome,
+    pricing,
     questions,
     repolock,
     taskdir,
+    usage,
     worktree,
 )
 from fleet.coders.base import Coder, Event, Kind, RunSpec, Tally, Verdict
@@ -56,8 +59,10 @@ EXIT = {
     "error": 5,
     "rate-limited": 6,
     "context-pressure": 7,
+    "budget": 8,
 }
 PRESSURE = "context-pressure"
+BUDGET = "budget"
 # How far systemd's current timeout (start, stop) is pushed out while git prepares a worktree or
 # commits the work an agent left; every git call has its own timeout too.
 GIT_GRACE_USEC = 300_000_000
@@ -104,27 +109,63 @@ def take(store: Store, config: Config, task_id: str, me: str, under_systemd: boo
 
 
 class Limits(NamedTuple):
-    """When to stop for context pressure, and when to hold a coder back for its rate limit."""
+    """When to stop for context pressure or the task's budget, and when to hold a coder back
+    for its rate limit."""
 
     context: int  # the model's window, tokens
     pressure_pct: int
     rate_pct: int
     backoff: float
+    # The task's budgets over all its attempts (None: none), and what its earlier ones spent.
+    max_cost: float | None = None
+    max_tokens: int | None = None
+    spent_cost: float = 0.0
+    spent_tokens: int = 0
 
     @classmethod
-    def of(cls, config: Config, coder: Coder, model: str | None) -> Limits:
+    def of(
+        cls,
+        config: Config,
+        coder: Coder,
+        model: str | None,
+        task: Task,
+        spent: tuple[float, int] = (0.0, 0),
+    ) -> Limits:
+        """`spent`: what the task's budget has used up so far (lineage.spent)."""
         table: dict[str, int] = config.values["context_limits"]
         keys = [k for k in table if model and k in model]
         window = table[max(keys, key=len)] if keys else coder.default_context
+        max_cost, max_tokens = budgets(config, task)
         return cls(
             window,
             config.get_int("context_pressure_pct"),
             config.get_int("rate_limit_pct"),
             float(config.get_int("rate_limit_backoff_seconds")),
+            max_cost,
+            max_tokens,
+            *spent,
         )
 
     def pressure(self, context: int | None) -> bool:
         return context is not None and context * 100 >= self.context * self.pressure_pct
+
+    def over_budget(self, spent: usage.Spend) -> str | None:
+        """What reached the task's budget, with the figure; None while within it."""
+        cost = self.spent_cost + (spent.cost or 0.0)
+        if self.max_cost is not None and cost >= self.max_cost:
+            how = f", {spent.source}" if spent.cost is not None and spent.source else ""
+            return f"max_cost_usd {self.max_cost:g} reached: ${cost:.4f} spent{how}"
+        tokens = self.spent_tokens + spent.tokens
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return f"max_tokens {self.max_tokens} reached: {tokens} tokens used"
+        return None
+
+
+def budgets(config: Config, task: Task) -> tuple[float | None, int | None]:
+    """The task's budgets: its own, else the settings'; 0 means none."""
+    cost = task.max_cost_usd if task.max_cost_usd is not None else config.values["max_cost_usd"]
+    tokens = task.max_tokens if task.max_tokens is not None else config.get_int("max_tokens")
+    return (float(cost) or None), (int(tokens) or None)
 
 
 class Attempt:
@@ -142,6 +183,8 @@ class Attempt:
         grace: float,
         pgid: int,
         limits: Limits,
+        prices: pricing.Table | None = None,
+        paths: Paths | None = None,
     ) -> None:
         self.task = task
         self.coder = coder
@@ -158,6 +201,12 @@ class Attempt:
         self.stopped_by: str | None = None
         self.kill_at: float | None = None
         self.recorded: str | None = None  # the session id noted on the attempt's row
+        self.prices = prices or pricing.Table({})
+        self.paths = paths  # where the live figures go (fleet.live); None: nowhere
+        self.spent = usage.NOTHING
+        self.budget: str | None = None  # what reached the task's budget
+        self._published: dict[str, object] = {}
+        self.started_at = iso(time.time())
         self._partial = bytearray()
         self._skipping = False
 
@@ -170,6 +219,8 @@ class Attempt:
         parts.append(f"turns {t.turns}")
         if t.tokens_in is not None or t.tokens_out is not None:
             parts.append(f"tokens {t.tokens_in or 0}/{t.tokens_out or 0}")
+        if self.spent.cost is not None:
+            parts.append(f"${self.spent.cost:.4f}")
         if t.last_tool:
             parts.append(f"last tool {t.last_tool}")
         if self.stopped_by:
@@ -209,8 +260,11 @@ class Attempt:
             events = self.coder.parse(text)
         except Exception as e:  # a parser bug must not end the attempt
             events = (Event(Kind.RAW, text), Event(Kind.ERROR, f"cannot parse line: {e}"))
+        counted = False
         for event in events:
             self.tally.add(event)
+            counted = counted or bool(event.calls) or event.tokens_in is not None
+            counted = counted or event.cost is not None
             self.sink.emit(event, text)
             if event.kind == Kind.RATE_LIMIT:
                 self.rate_limit(event)
@@ -220,6 +274,47 @@ class Attempt:
                 self.recorded = event.session
         if self.limits.pressure(self.tally.context):
             self.stop(PRESSURE)
+        if counted:
+            self.spent = usage.of(self.tally, self.prices, self.task.model)
+            reached = self.limits.over_budget(self.spent)
+            if reached and self.stopped_by is None:
+                self.budget = reached
+                self.stop(BUDGET)
+
+    def publish(self) -> None:
+        """Rewrite the live figures (fleet.live) if they changed."""
+        if self.paths is None:
+            return
+        t, spent = self.tally, self.spent
+        figures: dict[str, object] = {
+            "task": self.task.id,
+            "attempt": self.task.attempts,
+            "started_at": self.started_at,
+            "coder": self.coder_name,
+            "model": spent.model or self.task.model,
+            "phase": "stopping" if self.stopped_by else "asking" if self.asking else "working",
+            "turns": t.turns,
+            "context": t.context,
+            "context_pct": (
+                round(100 * t.context / self.limits.context, 1)
+                if t.context is not None and self.limits.context
+                else None
+            ),
+            "tokens_in": spent.tokens_in,
+            "tokens_out": spent.tokens_out,
+            "cache_read": spent.cache_read,
+            "cache_write": spent.cache_write,
+            "cost": spent.cost,
+            "cost_source": spent.source,
+            "last_tool": t.last_tool,
+            "asking": self.asking,
+            "stopping": self.stopped_by,
+            "session": t.session,
+            "usage": usage.models_json(spent.models),
+        }
+        if figures != self._published:
+            self._published = figures
+            live.write(self.paths, self.task.id, {**figures, "updated_at": iso(time.time())})
 
     def rate_limit(self, event: Event) -> None:
         """Hold this coder back in fleet-claim when its provider refuses or nears the limit."""
@@ -231,7 +326,7 @@ class Attempt:
         if event.rate_status == "rejected" or used:
             until = resets if resets and resets > time.time() else time.time() + self.limits.backoff
             why = f"{coder} {window} limit: {event.rate_status or 'near'}"
-            self.store.set_gate(f"coder:{coder}", iso(until), why)
+            self.store.set_gate(f"coder:{coder}", iso(until), why, "rate-limit", window)
 
     def questions_changed(self) -> None:
         """Re-read which question (if any) the agent waits on, after fleet-ask or `fleet
@@ -379,6 +474,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                 next_extend = now + EXTEND_WAIT / 3 if run.asking else float("inf")
             if now >= next_status:
                 line = run.status_line()
+                run.publish()
                 if line != last_status:  # an idle agent causes no wake-ups but the watchdog's
                     run.notifier.status(line)
                     last_status = line
@@ -465,8 +561,10 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     sink = Sink(ctx, redact, journal, None if journal else EventLog(directory))
     notifier = Notifier()
     directory, artifacts = taskdir.prepare(paths, task)
+    prices = pricing.of_config(config)
 
     def finish(verdict: str, reason: str, rc: int | None, tally: Tally, **kw: object) -> int:
+        spent = usage.of(tally, prices, task.model)
         result = outcome.Outcome(
             task.id,
             task.attempts,
@@ -475,10 +573,15 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
             reason=redact(reason),
             exit_status=rc if rc is not None and rc >= 0 else None,
             signal=signal.Signals(-rc).name if rc is not None and rc < 0 else None,
-            tokens_in=tally.tokens_in,
-            tokens_out=tally.tokens_out,
-            cost=tally.cost,
+            tokens_in=spent.tokens_in,
+            tokens_out=spent.tokens_out,
+            cost=spent.cost,
             session=tally.session,
+            cache_read=spent.cache_read,
+            cache_write=spent.cache_write,
+            cost_source=spent.source,
+            model=spent.model,
+            usage=usage.models_json(spent.models),
             **kw,  # type: ignore[arg-type]
         )
         outcome.write(directory, result)
@@ -495,6 +598,11 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     except FleetError as e:
         notifier.ready("not started")
         return finish("error", e.message, None, Tally())
+    spent = lineage.spent(store, task)
+    reached = Limits.of(config, coder, task.model, task, spent).over_budget(usage.NOTHING)
+    if reached:  # its earlier attempts spent it all: never start an agent that must stop
+        notifier.ready("not started")
+        return finish(BUDGET, reached, None, Tally())
     place: worktree.Place | None = None
     if task.isolated:
         # git may take a while on a large repository: keep systemd's start timeout at bay.
@@ -528,6 +636,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         prompt = prompt.rstrip("\n") + "\n\n" + notes
     plan = resumption(store, task, coder_name, previous)
     resume = plan.session if plan and coder.resumes else None
+    baseline = store.session_totals(task.id, resume) if resume else None
     fresh = prompt + ("\n" + plan.fresh_note if plan else "")
     spec = RunSpec(
         task.id,
@@ -541,6 +650,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         plan.resumed_prompt if resume and plan else fresh,
         taskdir.write_prompt(directory, plan.resumed_prompt if resume and plan else fresh),
         resume=resume,
+        baseline=baseline,
     )
     bindir = os.path.dirname(program("fleet"))
 
@@ -581,7 +691,9 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
             float(config.get_int("lease_seconds")),
             float(config.get_int("stop_grace_seconds")),
             proc.pid,
-            Limits.of(config, coder, coder.model(spec)),
+            Limits.of(config, coder, coder.model(spec), task, spent),
+            prices,
+            paths,
         )
         how = f", resuming session {spec.resume}" if spec.resume else ""
         store.note(task.id, "started", attempt=task.attempts, coder=coder_name, pid=proc.pid)
@@ -608,7 +720,10 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         )
         coder = coders.get(config, coder_name)
         spec = spec._replace(
-            prompt=fresh, prompt_file=taskdir.write_prompt(directory, fresh), resume=None
+            prompt=fresh,
+            prompt_file=taskdir.write_prompt(directory, fresh),
+            resume=None,
+            baseline=None,
         )
         ran = launch(coder, spec)
         if isinstance(ran, int):
@@ -620,11 +735,13 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         keep(sink, place, f"fleet: work in progress of {task.id}, attempt {task.attempts}")
     if run.stopped_by == PRESSURE:
         verdict = Verdict.CONTEXT_PRESSURE
+    elif run.stopped_by == BUDGET:
+        verdict = Verdict.BUDGET
     else:
         verdict = Verdict.KILLED if run.stopped_by else coder.verdict(rc, run.tally)
     # A coder's non-fatal notices are not the reason a successful attempt ended.
     last = run.tally.last_error if verdict != Verdict.SUCCESS else None
-    reason = run.stopped_by or last or (f"exit status {rc}" if rc else "")
+    reason = run.budget or run.stopped_by or last or (f"exit status {rc}" if rc else "")
     return finish(
         str(verdict),
         reason,
@@ -633,6 +750,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         stopped_by=run.stopped_by,
         closes_on_success=coder.closes_on_success,
         resets_at=run.tally.resets_at,
+        session_totals=coder.session_totals(),
     )
 
 

@@ -6,12 +6,14 @@ commented default configuration; and fleet.toml(5). A key that is not here does 
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any, Literal, NamedTuple
 
 from fleet.errors import ConfigError
 from fleet.model import ISOLATIONS, MERGE_STRATEGIES
 
-Kind = Literal["int", "str", "bool", "list", "ids", "table", "sizes"]
+Kind = Literal["int", "str", "bool", "list", "ids", "table", "sizes", "number", "prices"]
 
 # The coders fleet knows by name; more are defined by a [coders.NAME] table.
 BUILTIN_CODERS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "command", "replay")
@@ -40,6 +42,8 @@ class Setting(NamedTuple):
     maximum: int | None = None
     choices: tuple[str, ...] = ()  # for a str: the only values allowed
     word: bool = False  # for a str: empty or a name (a coder's, a model's), as `--coder` takes
+    pattern: str = ""  # for a str: a regular expression the whole value must match
+    example: str = ""  # for a pattern: what a value looks like
 
     @property
     def env_var(self) -> str:
@@ -59,6 +63,10 @@ class Setting(NamedTuple):
             and all(
                 isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value.values()
             ),
+            "number": isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value),
+            "prices": isinstance(value, dict),
         }[self.kind]
         if not ok:
             wanted = {
@@ -69,8 +77,24 @@ class Setting(NamedTuple):
                 "ids": "a list of whole numbers",
                 "table": "a table of strings",
                 "sizes": "a table of positive whole numbers",
+                "number": "a number",
+                "prices": "a table of price tables",
             }[self.kind]
             raise ConfigError(f"{where}: {self.name} must be {wanted}, not {value!r}")
+        if self.kind == "number":
+            if self.minimum is not None and value < self.minimum:
+                raise ConfigError(f"{where}: {self.name} must be at least {self.minimum}")
+            if self.maximum is not None and value > self.maximum:
+                raise ConfigError(f"{where}: {self.name} must be at most {self.maximum}")
+        if self.kind == "prices":
+            from fleet.pricing import entry
+
+            for key, price in value.items():
+                entry(key, price, where)
+        if self.pattern and not re.fullmatch(self.pattern, value):
+            raise ConfigError(
+                f"{where}: {self.name} must look like {self.example or self.pattern}, not {value!r}"
+            )
         if self.kind == "int":
             if self.minimum is not None and value < self.minimum:
                 raise ConfigError(f"{where}: {self.name} must be at least {self.minimum}")
@@ -103,6 +127,11 @@ class Setting(NamedTuple):
                 raise ConfigError(
                     f"{where}: {self.name} must be a whole number, not {text!r}"
                 ) from None
+        elif self.kind == "number":
+            try:
+                value = float(text.strip())
+            except ValueError:
+                raise ConfigError(f"{where}: {self.name} must be a number, not {text!r}") from None
         else:
             value = self._toml(text, where)
         return self.check(value, where)
@@ -116,6 +145,7 @@ class Setting(NamedTuple):
             "ids": "[123456789, -100987654321]",
             "table": '{NAME = "value"}',
             "sizes": '{"model-name" = 200000}',
+            "prices": '{"my-model" = {input = 1.0, output = 4.0}}',
         }[self.kind]
         try:
             doc = tomllib.loads(f"v = {text}")
@@ -228,6 +258,47 @@ SETTINGS: tuple[Setting, ...] = (
         "How long a rate-limited coder is held back when its provider gave no reset time.",
         1,
         7 * 86400,
+    ),
+    Setting(
+        "max_cost_usd",
+        "number",
+        0,
+        "Budget of a task that names none (`fleet add --max-cost`), in US dollars over all its"
+        " attempts, as the coders report them or the price table estimates them: once reached,"
+        " the attempt is stopped and the task blocked with the figure. 0 for none.",
+        0,
+        10**9,
+    ),
+    Setting(
+        "max_tokens",
+        "int",
+        0,
+        "Budget of a task that names none (`fleet add --max-tokens`), in tokens (input, cached"
+        " included, and output) over all its attempts; reached, the attempt is stopped and the"
+        " task blocked. 0 for none.",
+        0,
+        10**15,
+    ),
+    Setting(
+        "daily_budget_resets_at",
+        "str",
+        "00:00",
+        "Local time of day (HH:MM, in the host's time zone) at which a coder's day, and so its"
+        " coders.NAME.daily_cost_usd budget, starts anew.",
+        pattern=r"([01][0-9]|2[0-3]):[0-5][0-9]",
+        example="HH:MM, such as 00:00 or 06:30",
+    ),
+    Setting(
+        "prices",
+        "prices",
+        {},
+        "Prices in US dollars per million tokens that replace or add to fleet's price table"
+        " (fleet/prices.toml), one table per model-name part, the longest part of a model's"
+        " name winning (`*` stands for any characters): input, output, cache_read,"
+        " cache_write, and for a dearer long context"
+        " long_above (prompt tokens) with long_input, long_output, long_cache_read and"
+        " long_cache_write. Costs a coder does not report are estimated with them, call by"
+        " call.",
     ),
     Setting(
         "stop_grace_seconds",
@@ -419,6 +490,15 @@ CODER_SETTINGS: tuple[Setting, ...] = (
     Setting("args", "list", [], "Extra arguments added to the coder's command line."),
     Setting("env", "table", {}, "Extra environment variables for the coder."),
     Setting("models", "table", {}, "Model aliases: a task's model name -> the name passed on."),
+    Setting(
+        "daily_cost_usd",
+        "number",
+        0,
+        "Daily budget of the coder in US dollars: once its attempts that ended today cost that"
+        " much, no new task of it starts until the day starts anew (daily_budget_resets_at).",
+        0,
+        10**9,
+    ),
     Setting(
         "format",
         "str",

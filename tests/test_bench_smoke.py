@@ -23,8 +23,9 @@ EXPECTED = (
     r"fleet ls, empty store, PYTHONDONTWRITEBYTECODE=1: median [\d.]+ ms \(no target\)",
     r"fleet ls without vs with bytecode cache: ratio [\d.]+x",
     r"ls --json, 2000 tasks: median [\d.]+ s \(target <= 1 s" + MET,
-    r"ls \(table\), 2000 tasks: median [\d.]+ s \(no target\)",
+    r"ls \(table\), 2000 tasks: median [\d.]+ s \(target <= 1 s" + MET,
     r"ls table vs --json, 2000 tasks: ratio [\d.]+x",
+    r"ls --limit 0 \(the whole table\), 2000 tasks: median [\d.]+ s \(no target\)",
     r"add --batch, 200 tasks: median [\d.]+ s \(target <= 2 s" + MET,
     r"Store\.add\(\) in-process, 200 tasks: median [\d.]+ s \(no target\)",
     r"add --batch vs Store\.add\(\), 200 tasks: ratio [\d.]+x",
@@ -42,6 +43,13 @@ EXPECTED = (
     r" \(target <= 500 ms",
     r"button press -> ask_human returns: median [\d.]+ ms \(target <= 500 ms",
     r"telegram runs: 3 questions to one fleet-ask, without and with fleet-telegram",
+    r"fleet status, 200 tasks, 1 running: median [\d.]+ ms \(target <= 150 ms" + MET,
+    r"fleet status --json, 200 tasks, 1 running: median [\d.]+ ms \(target <= 150 ms" + MET,
+    r"status\.snapshot\(\) in-process, 200 tasks, 1 running: median [\d.]+ ms \(no target\)",
+    r"fleet stats, 2000 attempts: median [\d.]+ s \(target <= 1 s" + MET,
+    r"fleet stats --by coder --by day, 2000 attempts: median [\d.]+ s \(target <= 1 s" + MET,
+    r"fleet stats --json, 2000 attempts: median [\d.]+ s \(target <= 1 s" + MET,
+    r"fleet metrics, 2000 attempts: median [\d.]+ s \(no target\)",
 )
 
 
@@ -58,11 +66,13 @@ def test_quick_benchmarks_print_every_figure() -> None:
             "claim",
             "answer",
             "telegram",
+            "status",
+            "stats",
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
         check=False,
     )
     output = proc.stdout + proc.stderr

@@ -119,6 +119,18 @@ RECORDED = {
     # SIGINT: the CLI kills the tool and writes an aborted result; SIGTERM: exit 143, no result.
     "claude_sigint_during_tool.jsonl": Expect(1, Verdict.KILLED, "98a66762", (1800, 30), 0.007625),
     "claude_sigterm_during_tool.jsonl": Expect(143, Verdict.KILLED, "aabe1d79", (1800, 30), None),
+    # 2.1.332 against the scripted server (tests/test_usage.py reads them for what a resumed
+    # attempt spent): a fresh session and its resume, whose result reports modelUsage and
+    # total_cost_usd for the whole session (so no cost of its own without the earlier
+    # attempt's totals); a session stopped by SIGINT in a tool, and its resume.
+    "claude_332_shell.jsonl": Expect(0, Verdict.SUCCESS, "bac8fbc3", (5400, 90), 0.018),
+    "claude_332_resume_session_totals.jsonl": Expect(
+        0, Verdict.SUCCESS, "bac8fbc3", (1800, 30), None
+    ),
+    "claude_332_sigint_during_tool.jsonl": Expect(0, Verdict.KILLED, "658a22b6", (1800, 30), 0.006),
+    "claude_332_resume_after_sigint.jsonl": Expect(
+        0, Verdict.SUCCESS, "658a22b6", (1800, 30), None
+    ),
 }
 
 
@@ -1001,14 +1013,42 @@ def test_a_suspended_session_resumes_with_its_history(box: Box, server: Server) 
     suspended, resumed = task["attempt_log"]
     assert (suspended["outcome"], resumed["outcome"]) == ("suspended", "success")
     assert resumed["session_id"] == suspended["session_id"] == first["session_id"]
+    # Each attempt's own share: the resumed run's result reports modelUsage and total_cost_usd
+    # for the whole session; fleet records only the calls made after the resume. The unit's
+    # stop reached the CLI as SIGTERM (the cgroup's), so the suspended run printed no result:
+    # no cost of its own, its calls' output only as message_start said it (1 each), and no
+    # session totals that the resumed run's share could be taken against. Both are then
+    # priced from their own calls (claude-opus: 5, 25, 0.5 and 6.25 $ per million input,
+    # output, cache read and cache write tokens), never at the session's.
+    made = len(server.calls(key)) - calls_before
+    assert (suspended["tokens_in"], suspended["tokens_out"]) == (
+        calls_before * PER_CALL_IN,
+        calls_before * 1,
+    )
+    assert (resumed["tokens_in"], resumed["tokens_out"], resumed["tokens_cache_read"]) == (
+        made * PER_CALL_IN,
+        made * 30,
+        made * 500,
+    )
+
+    def price(output: int) -> float:
+        return (1200 * 5 + output * 25 + 500 * 0.5 + 100 * 6.25) / 1e6
+
+    assert (suspended["cost_source"], resumed["cost_source"]) == ("estimated", "estimated")
+    assert (suspended["cost"], resumed["cost"]) == (
+        pytest.approx(calls_before * price(1)),
+        pytest.approx(made * price(30)),
+    )
+    assert task["cost"] == pytest.approx(calls_before * price(1) + made * price(30))
+    assert resumed["model"].startswith("claude-opus")
     # The resumed conversation, as the server received it: every earlier turn, then fleet's
     # message naming the checkpoint.
-    after = server.calls(key)[calls_before]
-    assert anthropic.SUSPEND_WRITE in anthropic.commands(after)
-    assert anthropic.CHECKPOINT_TOOL in anthropic.called(after)
-    assert anthropic.HANG_COMMAND in anthropic.commands(after)
-    assert f"{anthropic.RESUMED_MARK} 2" in anthropic.user_text(after)
-    assert "suspended for the test" in anthropic.user_text(after)
+    first_resumed = server.calls(key)[calls_before]
+    assert anthropic.SUSPEND_WRITE in anthropic.commands(first_resumed)
+    assert anthropic.CHECKPOINT_TOOL in anthropic.called(first_resumed)
+    assert anthropic.HANG_COMMAND in anthropic.commands(first_resumed)
+    assert f"{anthropic.RESUMED_MARK} 2" in anthropic.user_text(first_resumed)
+    assert "suspended for the test" in anthropic.user_text(first_resumed)
     # The trail: the agent's checkpoint, the person's, the suspension and the resumption.
     trail = [
         e

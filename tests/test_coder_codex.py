@@ -262,7 +262,18 @@ def test_usage_context_and_windows_come_from_the_session_file(tmp_path: Path) ->
     coder.prepare(spec(tmp_path))
     assert coder.parse(json.dumps({"type": "thread.started", "thread_id": thread}))[0].session
     events = list(coder.parse('{"type":"turn.started"}'))
-    assert events == [Event(Kind.USAGE, tokens_in=1200, tokens_out=30, context=1230)]
+    (call,) = events[0].calls
+    assert [e._replace(calls=()) for e in events] == [
+        Event(Kind.USAGE, tokens_in=1200, tokens_out=30, context=1230)
+    ]
+    # The call's own tokens, disjoint: 1200 input of which 500 were read from the cache.
+    assert (call.model, call.input, call.cache_read, call.cache_write, call.output) == (
+        "gpt-fake",
+        700,
+        500,
+        0,
+        30,
+    )
     # The rest, with half a line at the end (codex still writing it) and some junk.
     rest = "".join(line + "\n" for line in lines[first_call + 1 :])
     with path.open("a") as f:
@@ -275,7 +286,7 @@ def test_usage_context_and_windows_come_from_the_session_file(tmp_path: Path) ->
         ("seven_day", "allowed", 0.4, 1796121932.0),
         ("five_hour", "allowed_warning", 0.915, 1796039132.0),
     ]
-    assert of(events, Kind.USAGE)[-1] == Event(
+    assert of(events, Kind.USAGE)[-1]._replace(calls=()) == Event(
         Kind.USAGE, tokens_in=2400, tokens_out=60, context=1230
     )
     assert events[-1].kind == Kind.RAW  # the line itself: a reasoning item
@@ -887,3 +898,41 @@ def test_a_rate_limited_codex_runs_again_after_the_reset(unit: UnitFleet) -> Non
     resets = unit.scripted.state.resets_at
     assert resets is not None and parse_time(second["started_at"]) >= resets  # held back till then
     assert len(responses(unit.scripted.log)) == 1 + 3  # one refusal, then the whole shell scenario
+
+
+def test_a_suspended_thread_resumes_and_each_attempt_counts_its_own(unit: UnitFleet) -> None:
+    tid = unit(
+        "add",
+        "pause",
+        "--coder",
+        "codex",
+        "--model",
+        "gpt-5-codex",
+        "--cwd",
+        str(unit.project),
+        "-d",
+        "FLEET-SCENARIO:pause",
+    ).stdout.strip()
+    unit.box.wait_for(lambda: bool(unit.pgrep(openai_responses.PAUSE_COMMAND)), 30, "the tool")
+    unit("suspend", tid, "-s", "suspended in the middle of a tool")
+    unit.box.wait_for(
+        lambda: unit.show(tid)["claimed_by"] is None, 30, "the suspended attempt to end"
+    )
+    assert unit.pgrep(openai_responses.PAUSE_COMMAND) == ""
+    unit("resume", tid)
+    assert unit.wait(tid) == 0
+    first, second = unit.show(tid)["attempt_log"]
+    assert (first["outcome"], second["outcome"]) == ("suspended", "success")
+    assert first["session_id"] == second["session_id"]  # `codex exec resume` of the same thread
+    # The resumed run's turn.completed reports the whole thread (three calls by then): each
+    # attempt records its own calls, one before the suspension and two after it.
+    per_call = (USAGE["input"], USAGE["output"], USAGE["cached"])
+    assert (first["tokens_in"], first["tokens_out"], first["tokens_cache_read"]) == per_call
+    assert (second["tokens_in"], second["tokens_out"], second["tokens_cache_read"]) == tuple(
+        2 * n for n in per_call
+    )
+    assert len(responses(unit.scripted.log)) == 3
+    # Priced as gpt-5 (1.25 input, 0.125 cached, 10 output per million tokens), call by call.
+    call = (700 * 1.25 + 500 * 0.125 + 30 * 10) / 1e6
+    assert (first["cost"], first["cost_source"]) == (pytest.approx(call), "estimated")
+    assert (second["cost"], second["model"]) == (pytest.approx(2 * call), "gpt-5-codex")

@@ -449,8 +449,13 @@ def test_by_hand_the_cli_writes_the_file_closes_the_task_and_survives_garbage(
         0,
         session,
     )
-    # three calls: 1200, 1300 and 1400 prompt tokens, 30 out each
-    assert (attempt["tokens_in"], attempt["tokens_out"]) == (3900, 90)
+    # three calls: 1200, 1300 and 1400 prompt tokens, 30 out and 7 of thoughts each (billed as
+    # output, and counted so: the CLI's output_tokens leaves them out)
+    assert (attempt["tokens_in"], attempt["tokens_out"]) == (
+        3900,
+        3 * (server.OUTPUT + server.THOUGHTS),
+    )
+    assert attempt["tokens_cache_read"] == 3 * server.CACHED
     bodies = requests(log)
     assert len(bodies) == 3 and f"/models/{MODEL}:" in log.requests[0][1]
     assert MEMORY in json.dumps(bodies[0])  # the user's GEMINI.md reached the model
@@ -654,7 +659,7 @@ def test_a_unit_runs_the_cli_to_done(unit: tuple[Unit, Log]) -> None:
     assert shown["status"] == "done" and u.outcomes(tid) == ["success"]
     assert (shown["attempt_log"][0]["tokens_in"], shown["attempt_log"][0]["tokens_out"]) == (
         3900,
-        90,
+        3 * (server.OUTPUT + server.THOUGHTS),  # thoughts are output
     )
     SESSIONS.append(str(shown["attempt_log"][0]["session_id"]))
     assert (u.project / server.OUT_FILE).exists() and len(requests(log)) == 3

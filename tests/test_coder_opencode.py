@@ -129,7 +129,13 @@ def test_a_recorded_shell_run() -> None:
     assert seen[4].text == "Done. All good. last_tool_output=[fleet_out.txt | ]"
     # Two steps of 700 new + 500 cached prompt tokens and 30 output tokens each.
     assert (seen[3].tokens_in, seen[3].tokens_out, seen[3].context) == (1200, 30, 1230)
-    assert (tally.tokens_in, tally.tokens_out, tally.cost, tally.context) == (2400, 60, 0.0, 1230)
+    # OpenCode priced nothing (cost 0: no prices for the model): no reported cost, fleet estimates.
+    assert (tally.tokens_in, tally.tokens_out, tally.cost, tally.context) == (2400, 60, None, 1230)
+    calls = tally.calls.values()
+    assert [(c.input, c.cache_read, c.cache_write, c.output, c.cost) for c in calls] == [
+        (700, 500, 0, 30, None),
+        (700, 500, 0, 30, None),
+    ]
     assert tally.result_seen and not tally.result_error and tally.last_tool == "bash"
     assert coder.verdict(0, tally) == Verdict.SUCCESS
     assert coder.verdict(1, tally) == Verdict.FAILURE

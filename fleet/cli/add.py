@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import click
 
-from fleet.cli.app import TASK, App, cli, coder_options, pass_app
+from fleet.cli.app import TASK, App, cli, coder_options, count, pass_app
 from fleet.errors import FleetError, InputError
 from fleet.model import (
     DEFAULT_PRIORITY,
@@ -52,6 +52,8 @@ BATCH_KEYS = (
     "base",
     "merge",
     "parent_waits",
+    "max_cost_usd",
+    "max_tokens",
 )
 MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is a mistake
 
@@ -106,6 +108,21 @@ MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is
     " [default: the merge_strategy setting].",
 )
 @click.option(
+    "--max-cost",
+    "max_cost",
+    type=click.FloatRange(min=0),
+    metavar="USD",
+    help="Budget in US dollars over all the task's attempts: reached, the attempt stops and the"
+    " task is blocked with the figure (0: none) [default: the max_cost_usd setting].",
+)
+@click.option(
+    "--max-tokens",
+    type=count(0),
+    metavar="N",
+    help="Budget in tokens (input and output) over all the task's attempts (0: none) [default:"
+    " the max_tokens setting].",
+)
+@click.option(
     "--batch",
     metavar="FILE|-",
     help="Add many tasks from a file of JSON lines (keys as the options, parent_waits for"
@@ -130,6 +147,8 @@ def add(
     isolation: str | None,
     base: str | None,
     merge: str | None,
+    max_cost: float | None,
+    max_tokens: int | None,
     batch: str | None,
     fmt: str | None,
 ) -> None:
@@ -157,6 +176,11 @@ def add(
             raise InputError(
                 "--isolation, --base and --merge do not apply to --batch",
                 hint="give the keys isolation, base and merge on the batch's lines",
+            )
+        if max_cost is not None or max_tokens is not None:
+            raise InputError(
+                "--max-cost and --max-tokens do not apply to --batch",
+                hint="give the keys max_cost_usd and max_tokens on the batch's lines",
             )
         given = click.get_current_context().get_parameter_source("priority")
         defaults = Defaults(
@@ -192,6 +216,8 @@ def add(
                 base=base,
                 merge=merge,
                 parent_waits=parent_waits,
+                max_cost_usd=max_cost,
+                max_tokens=max_tokens,
             )
         ]
     try:
@@ -355,6 +381,18 @@ def _spec(
     if waits and not parent:
         raise InputError("parent_waits needs parent", hint='add "parent": "ID" to the line')
     base = text("base")
+    max_cost = obj.get("max_cost_usd")
+    if max_cost is not None and (
+        isinstance(max_cost, bool)
+        or not isinstance(max_cost, int | float)
+        or not 0 <= max_cost < float("inf")
+    ):
+        raise InputError("max_cost_usd must be a number of US dollars, at least 0")
+    max_tokens = obj.get("max_tokens")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
+    ):
+        raise InputError("max_tokens must be a whole number of tokens, at least 0")
     parent_ref = task_ref(parent) if parent else None
     # A subtask works where its parent does, with its isolation, base and strategy, unless
     # the line says otherwise: as `fleet add --parent` does.
@@ -386,4 +424,6 @@ def _spec(
         base=base,
         merge=merge,
         parent_waits=waits,
+        max_cost_usd=None if max_cost is None else float(max_cost),
+        max_tokens=max_tokens,
     )

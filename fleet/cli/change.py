@@ -47,6 +47,17 @@ json_option = click.option(
 @click.option("--after", multiple=True, type=TASK, help="Add a dependency.")
 @click.option("--not-after", multiple=True, type=TASK, help="Remove a dependency.")
 @click.option("--parent", type=TASK, help="Set the parent task.")
+@click.option(
+    "--max-cost",
+    metavar="USD",
+    help="New budget in US dollars over all attempts (0: none; empty: back to max_cost_usd);"
+    " a running attempt keeps the one it started with.",
+)
+@click.option(
+    "--max-tokens",
+    metavar="N",
+    help="New budget in tokens over all attempts (0: none; empty: back to max_tokens).",
+)
 @json_option
 @pass_app
 def edit(
@@ -63,15 +74,23 @@ def edit(
     after: tuple[str, ...],
     not_after: tuple[str, ...],
     parent: str | None,
+    max_cost: str | None,
+    max_tokens: str | None,
     as_json: bool,
 ) -> None:
-    """Change a task's fields, labels and dependencies.
+    """Change a task's fields, labels, dependencies and budgets.
 
     The directory, coder and model cannot change while an attempt is running.
     """
     from fleet import inputs
 
-    clear = frozenset(name for name, value in (("coder", coder), ("model", model)) if value == "")
+    emptied = (
+        ("coder", coder),
+        ("model", model),
+        ("max_cost_usd", max_cost),
+        ("max_tokens", max_tokens),
+    )
+    clear = frozenset(name for name, value in emptied if value == "")
     change = TaskEdit(
         title=inputs.title(title) if title is not None else None,
         description=inputs.description(description) if description is not None else None,
@@ -85,6 +104,8 @@ def edit(
         add_after=after,
         remove_after=not_after,
         clear=clear,
+        max_cost_usd=inputs.amount("--max-cost", max_cost) if max_cost else None,
+        max_tokens=inputs.count("--max-tokens", max_tokens) if max_tokens else None,
     )
     if change == TaskEdit(clear=frozenset()):
         raise InputError("nothing to change", hint="see `fleet edit --help` for the options")

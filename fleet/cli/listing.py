@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,14 +23,36 @@ from fleet.output import (
 )
 
 STATUS_CHOICE = click.Choice([s.value for s in Status])
+# A table of every task of a huge queue would take seconds to lay out: the first this many are
+# shown unless --limit says otherwise, with a line on standard error saying how many are not.
+TABLE_LIMIT = 1000
 
 
-def _state(task: Task) -> str:
+def _state(task: Task, holds: dict[str, str] | None = None) -> str:
     if task.status == Status.READY and task.waiting_on:
         return "waiting"
+    if task.status == Status.READY and holds and task.id in holds:
+        return "held"  # a gate holds it back: the pause, its coder's rate limit or budget
     if task.status == Status.RUNNING and task.question:
         return "asking"  # its agent waits for a person's answer
     return str(task.status)
+
+
+def held(app: App, tasks: Iterable[Task]) -> dict[str, str]:
+    """Ready tasks (their dependencies done) that a gate holds back -> why (fleet.status)."""
+    gates = {g["name"]: g for g in app.store.open_gates()}
+    if not gates:
+        return {}  # the usual case: no configuration read, no more work
+    from fleet.status import hold_reason
+
+    default = app.config.get_str("default_coder")
+    found = {}
+    for t in tasks:
+        if t.status == Status.READY and not t.waiting_on:
+            why = hold_reason(t, gates, default)
+            if why:
+                found[t.id] = why
+    return found
 
 
 def live_units(app: App, tasks: Iterable[Task]) -> dict[str, tuple[str, str]]:
@@ -51,25 +74,59 @@ def _table(app: App, tasks: Iterable[Task]) -> None:
 
     tasks = list(tasks)
     units = live_units(app, tasks)
+    holds = held(app, tasks)
 
-    def unit(t: Task) -> str:
+    def note(t: Task) -> str:
+        """The unit's live state of a claimed task, or why a ready one is held."""
+        if t.id in holds:
+            return holds[t.id]
         state, status = units.get(t.id, ("", ""))
         return shorten(f"{state}: {status}" if status else state, 50) if state else "-"
 
     rows = [
         (
             t.id,
-            _state(t),
+            _state(t, holds),
             t.priority,
             t.coder or "-",
             ago(t.updated_at),
             tokens(t),
             shorten(t.title, 50),
-            unit(t),
+            note(t),
         )
         for t in tasks
     ]
-    emit_table(("ID", "STATUS", "P", "CODER", "UPDATED", "TOKENS", "TITLE", "UNIT"), rows)
+    emit_table(("ID", "STATUS", "P", "CODER", "UPDATED", "TOKENS", "TITLE", "NOTE"), rows)
+
+
+def spent(t: Task) -> str:
+    """Tokens, cached ones and cost of a task, for `fleet show`."""
+    text = tokens(t)
+    if t.tokens_cache_read is not None or t.tokens_cache_write is not None:
+        text += f" (cache read {t.tokens_cache_read or 0}, written {t.tokens_cache_write or 0})"
+    if t.cost is not None:
+        text += f", ${t.cost:.4f}" + (f" {t.cost_source}" if t.cost_source else "")
+    return text
+
+
+def budget_text(app: App, t: Task) -> str:
+    """The task's budgets and where they come from."""
+    from fleet.errors import FleetError
+
+    parts = []
+    try:
+        values = app.config.values
+    except FleetError:
+        values = {}
+    cost = t.max_cost_usd if t.max_cost_usd is not None else values.get("max_cost_usd")
+    tokens_ = t.max_tokens if t.max_tokens is not None else values.get("max_tokens")
+    if cost:
+        where = "" if t.max_cost_usd is not None else " (max_cost_usd)"
+        parts.append(f"${cost:g}{where}")
+    if tokens_:
+        where = "" if t.max_tokens is not None else " (max_tokens)"
+        parts.append(f"{tokens_} tokens{where}")
+    return ", ".join(parts) or "none"
 
 
 def tokens(t: Task) -> str:
@@ -91,6 +148,13 @@ def tokens(t: Task) -> str:
 @click.option("--label", metavar="LABEL", help="Only tasks with this label.")
 @click.option("--cwd", metavar="DIR", help="Only tasks working in DIR or below it.")
 @click.option("-a", "--all", "show_all", is_flag=True, help="Include done and cancelled tasks.")
+@click.option(
+    "-n",
+    "--limit",
+    type=count(0),
+    help=f"Show at most N tasks, 0 for all [default: {TABLE_LIMIT} in the table, all with"
+    " --json or --nl]; a table that leaves some out says how many on standard error.",
+)
 @output_options
 @pass_app
 def ls(
@@ -99,41 +163,76 @@ def ls(
     label: str | None,
     cwd: str | None,
     show_all: bool,
+    limit: int | None,
     fmt: str | None,
 ) -> None:
-    """List tasks, oldest first (by default those not done or cancelled)."""
+    """List tasks, oldest first (by default those not done or cancelled).
+
+    A ready task that a gate holds back (the pause, its coder's rate limit or daily budget) is
+    shown as held, with why in the NOTE column; a running one has its unit's live status there.
+    """
     from fleet import inputs
     from fleet.store import TaskFilter
 
+    out = fmt_of(fmt)
+    if limit is None and out == "table":
+        limit = TABLE_LIMIT
     flt = TaskFilter(
         statuses=tuple(Status(s) for s in statuses),
         include_final=show_all,
         label=inputs.label(label) if label is not None else None,
         cwd=inputs.cwd(cwd) if cwd is not None else None,
+        limit=limit or None,
     )
-    out = fmt_of(fmt)
-    if out == "table":
-        _table(app, app.store.tasks(flt))
-    else:
+    if out != "table":
         emit_json_texts(app.store.list_json(flt), out)
+        return
+    tasks = list(app.store.tasks(flt))
+    _table(app, tasks)
+    if flt.limit is not None and len(tasks) == flt.limit:
+        left = app.store.count(flt) - len(tasks)
+        if left > 0:
+            sys.stderr.write(
+                f"fleet: {left} more tasks not shown (--limit 0 shows all of them; -s, --label"
+                " and --cwd pick some)\n"
+            )
 
 
 @cli.command()
-@click.option("-n", "--limit", type=count(), help="Show at most N tasks.")
+@click.option(
+    "-n",
+    "--limit",
+    type=count(),
+    help=f"Show at most N tasks [default: {TABLE_LIMIT} in the table, all with --json or --nl].",
+)
 @output_options
 @pass_app
 def ready(app: App, limit: int | None, fmt: str | None) -> None:
-    """List the tasks that would be claimed next, in claim order.
+    """List the tasks that would be claimed next, in claim order, then those a gate holds.
 
     Claim order is priority (0 first), then age; a task whose dependencies are not all done is
-    not ready.
+    not ready. A ready task that the pause holds, or whose coder is rate-limited or over its
+    daily budget, is not next: it follows the others as held, with the reason (`held: claude
+    rate-limited until 14:05`); with --json each object has `held`, that reason or null.
     """
-    tasks = app.store.ready(limit)
     out = fmt_of(fmt)
-    if out == "table":
-        _table(app, tasks)
+    if limit is None and out == "table":
+        limit = TABLE_LIMIT
+    gates = app.store.gates()
+    gated = tuple(g[6:] for g in gates if g.startswith("coder:"))
+    if "pause" in gates or not gated:
+        order = app.store.ready(limit)  # all held, or none
     else:
-        emit_objects((t.to_json() for t in tasks), out)
+        default = app.config.get_str("default_coder")
+        order = app.store.ready(limit, gated, default, among=False)
+        if limit is None or len(order) < limit:
+            rest = None if limit is None else limit - len(order)
+            order += app.store.ready(rest, gated, default)
+    holds = held(app, order)
+    if out == "table":
+        _table(app, order)
+    else:
+        emit_objects(({**t.to_json(), "held": holds.get(t.id)} for t in order), out)
 
 
 def _isolation_rows(task: Task) -> list[tuple[str, object]]:
@@ -177,9 +276,10 @@ def show(app: App, task_id: str, as_json: bool) -> None:
     """Show one task in full, with its attempts."""
     task = app.store.get(task_id)
     attempts = app.store.attempts(task_id)
+    by_model = app.store.attempt_usage(task_id)
     if as_json:
         obj: dict[str, Any] = task.to_json()
-        obj["attempt_log"] = [a.to_json() for a in attempts]
+        obj["attempt_log"] = [{**a.to_json(), "usage": by_model.get(a.n, [])} for a in attempts]
         emit_object(obj)
         return
 
@@ -209,7 +309,8 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("isolation", task.isolation or "none"),
             *_isolation_rows(task),
             ("attempts", f"{task.attempts} (failures {task.failures}, no-close {task.noclose})"),
-            ("tokens", tokens(task) + ("" if task.cost is None else f", ${task.cost:.4f}")),
+            ("tokens", spent(task)),
+            ("budget", budget_text(app, task)),
             ("question", opt(task.question and f"{task.question} (fleet questions)")),
             ("claim", opt(claim)),
             ("unit", opt(f"{unit_state}: {unit_status}" if unit_state else "")),
@@ -224,7 +325,17 @@ def show(app: App, task_id: str, as_json: bool) -> None:
     if attempts:
         emit_text()
         emit_table(
-            ("#", "OUTCOME", "EXIT", "STARTED", "ENDED", "TOKENS IN/OUT", "COST"),
+            (
+                "#",
+                "OUTCOME",
+                "EXIT",
+                "STARTED",
+                "ENDED",
+                "MODEL",
+                "TOKENS IN/OUT",
+                "CACHE R/W",
+                "COST",
+            ),
             [
                 (
                     a.n,
@@ -232,8 +343,10 @@ def show(app: App, task_id: str, as_json: bool) -> None:
                     opt(a.exit_status),
                     a.started_at,
                     opt(a.ended_at),
+                    opt(a.model),
                     f"{opt(a.tokens_in)}/{opt(a.tokens_out)}",
-                    "-" if a.cost is None else f"${a.cost:.4f}",
+                    f"{opt(a.tokens_cache_read)}/{opt(a.tokens_cache_write)}",
+                    "-" if a.cost is None else f"${a.cost:.4f} {a.cost_source or ''}".rstrip(),
                 )
                 for a in attempts
             ],

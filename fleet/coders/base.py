@@ -3,7 +3,9 @@
 A coder turns a task into an argv, an environment and runtime files, turns each raw output line
 into zero or more `Event`s of one small model, and judges the finished process. It never touches
 the store or systemd: the runner does. `parse` must never raise on any input: a line it does not
-understand becomes a `raw` event.
+understand becomes a `raw` event. The tokens and cost a coder reports are its attempt's own,
+never its session's: a CLI that reports a resumed session's totals has its earlier share taken
+out here, by its coder.
 """
 
 from __future__ import annotations
@@ -31,6 +33,30 @@ class Kind(enum.StrEnum):
     RAW = "raw"  # a line nobody understood
 
 
+class Call(NamedTuple):
+    """One model call's own tokens, as a coder learned them; the four counts are disjoint.
+
+    `id` names the call within the attempt: a later Call with the same id replaces an earlier
+    one (a CLI may say a call's output only provisionally at first). `times` > 1 stands for
+    that many calls of equal size, for a CLI that reports only per-model totals; `cost` is what
+    the CLI itself charged for them, if it says.
+    """
+
+    id: str
+    model: str | None
+    input: int = 0  # prompt tokens read neither from nor into the cache
+    output: int = 0  # reasoning included
+    cache_read: int = 0
+    cache_write: int = 0
+    times: int = 1
+    cost: float | None = None
+
+    @property
+    def prompt(self) -> int:
+        """Every input token of one of the calls: what decides a long-context price tier."""
+        return (self.input + self.cache_read + self.cache_write) // max(1, self.times)
+
+
 class Event(NamedTuple):
     kind: Kind
     text: str = ""
@@ -48,6 +74,7 @@ class Event(NamedTuple):
     resets_at: float | None = None
     utilization: float | None = None
     limit_type: str | None = None
+    calls: tuple[Call, ...] = ()  # model calls whose own tokens this event tells (see Call)
 
 
 class CoderSettings(NamedTuple):
@@ -75,6 +102,10 @@ class RunSpec(NamedTuple):
     # The coder's own session to resume (after `fleet resume`), for a coder that can; the
     # prompt is then the message that continues it.
     resume: str | None = None
+    # With `resume`: what the CLI reported for that whole session when the attempt that last
+    # ran it ended (`Coder.session_totals`), for a CLI that reports session totals, not its
+    # run's, so that this attempt's own share can be taken from them.
+    baseline: Mapping[str, object] | None = None
 
 
 class Tally:
@@ -102,6 +133,7 @@ class Tally:
         self.resets_at: float | None = None
         self.utilization: float | None = None
         self.limit_type: str | None = None
+        self.calls: dict[str, Call] = {}  # this attempt's model calls, by id
 
     def add(self, event: Event) -> None:
         if event.session:
@@ -119,6 +151,8 @@ class Tally:
                 self.tokens_out = event.tokens_out
             if event.cost is not None:
                 self.cost = event.cost
+        for call in event.calls:
+            self.calls[call.id] = call
         if event.context is not None:
             self.context = event.context
         if event.kind == Kind.RATE_LIMIT:
@@ -141,6 +175,7 @@ class Verdict(enum.StrEnum):
     KILLED = "killed"
     RATE_LIMITED = "rate-limited"  # the provider refused: not the task's fault
     CONTEXT_PRESSURE = "context-pressure"  # fleet stopped it to start over with a fresh context
+    BUDGET = "budget"  # fleet stopped it at the task's max_cost_usd or max_tokens
 
 
 class Coder(ABC):
@@ -180,6 +215,11 @@ class Coder(ABC):
 
     # Whether argv() honours RunSpec.resume; a coder that cannot resume always starts afresh.
     resumes: ClassVar[bool] = False
+
+    def session_totals(self) -> dict[str, object] | None:
+        """What the CLI reported for its whole session so far, when that is not the run's own
+        (the next resumed attempt's `RunSpec.baseline`); None for a CLI that reports per run."""
+        return None
 
     def resume_failed(self, returncode: int, tally: Tally) -> bool:
         """Whether a run started with RunSpec.resume failed because the session is gone (or

@@ -46,10 +46,22 @@ a `result`. Such an aborted result is a kill, not a failure.
 
 Tokens: the per-message usage in `assistant` lines is provisional (its output count is the one
 from `message_start`), so `usage` events add it up per message id only as an estimate for the
-status line; the final `result` gives the run's true totals (`modelUsage`, summed over models,
-else `usage`). tokens_in counts every input token the model read: uncached, cache writes and
-cache reads. `context` is the last main-thread message's input plus its output: what the model
-held at that turn.
+status line, one call per message (its model, uncached input, cache reads and writes, which are
+final, and the provisional output); the final `result` gives the run's true totals in `usage`,
+and the calls are then made to add up to them (the rest of the output is spread over the calls,
+tokens no message showed become one call more). tokens_in counts every input token the model
+read: uncached, cache writes and cache reads. `context` is the last main-thread message's input
+plus its output: what the model held at that turn.
+
+A resumed session (`--resume`): `usage` still covers this run alone, but 2.1.332 reports
+`modelUsage` and `total_cost_usd` for the whole session whenever it restored the session's cost
+state (it does when the session was the directory's last one). So the cost is this run's only
+when `modelUsage` adds up to `usage`; otherwise it is the session's, and this attempt's share is
+what it grew by since the attempt that last ran the session ended (`RunSpec.baseline`, which
+`session_totals` gave then), if that share adds up to `usage`; failing both, the coder reports
+no cost and fleet estimates it from the price table. A model's reported cost is spread over its
+calls by Anthropic's rates relative to input (output 5, cache write 1.25, cache read 0.1), the
+same for every Claude model.
 
 Context window: 200000 tokens when a task names no model, the window of most Claude models. The
 CLI's own default may be bigger (2.1.332 picks `claude-opus-5-5`, 1M tokens, with an API key),
@@ -71,7 +83,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fleet.coders.base import Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
+from fleet.coders.base import Call, Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.fsutil import write_atomic
 from fleet.paths import program
 
@@ -90,6 +102,9 @@ SIGNAL_EXITS = frozenset(
 PROMPT_ARG_MAX = 100_000
 _DECODE = json.JSONDecoder().raw_decode
 INPUT_KEYS = ("command", "file_path", "path", "pattern", "url", "query", "description", "prompt")
+# Anthropic's price of each token kind relative to uncached input, alike for every Claude model:
+# how a model's reported cost is spread over its calls.
+RELATIVE_PRICE = {"output": 5.0, "cache_read": 0.1, "cache_write": 1.25}
 
 
 def _dict(value: object) -> dict[str, Any]:
@@ -188,10 +203,15 @@ class ClaudeCoder(Coder):
         self._rejected = False  # a rejected rate limit was reported
         self._aborted = False  # the result says a person (or fleet) interrupted it
         self._last_error = ""
+        self._calls: dict[str, Call] = {}  # this run's calls, by message id
+        self._model: str | None = None  # the session's model, from `init`
+        self._baseline: dict[str, Any] = {}  # the session's totals before this run
+        self._totals: dict[str, object] | None = None  # the session's, as the result said
 
     # ------------------------------------------------------------------ the command
 
     def argv(self, run: RunSpec) -> list[str]:
+        self._baseline = dict(run.baseline or {}) if run.resume else {}
         argv = [
             self.binary,
             "--print",
@@ -283,6 +303,7 @@ class ClaudeCoder(Coder):
             text = f"session {sid}"
             if obj.get("model"):
                 text += f" ({obj['model']})"
+                self._model = _str(obj.get("model")) or None
             servers = [_dict(s) for s in obj.get("mcp_servers") or [] if isinstance(s, dict)]
             if servers:
                 text += "; MCP " + ", ".join(f"{s.get('name')} {s.get('status')}" for s in servers)
@@ -350,11 +371,21 @@ class ClaudeCoder(Coder):
             return None
         self._tokens_in += read
         self._tokens_out += wrote
+        call = Call(
+            ident,
+            _str(message.get("model")) or self._model,
+            input=_int(usage.get("input_tokens")),
+            output=wrote,
+            cache_read=_int(usage.get("cache_read_input_tokens")),
+            cache_write=_int(usage.get("cache_creation_input_tokens")),
+        )
+        self._calls[ident] = call
         return Event(
             Kind.USAGE,
             tokens_in=self._tokens_in,
             tokens_out=self._tokens_out,
             context=read + wrote if main else None,
+            calls=(call,),
         )
 
     def _user(self, obj: dict[str, Any]) -> Sequence[Event]:
@@ -418,13 +449,17 @@ class ClaudeCoder(Coder):
         if _str(obj.get("terminal_reason")).startswith("aborted"):
             self._aborted = True
         tokens_in, tokens_out = self._tokens_in, self._tokens_out
-        models = [_dict(m) for m in _dict(obj.get("modelUsage")).values()]
+        models = {str(k): _dict(m) for k, m in _dict(obj.get("modelUsage")).items()}
         usage = _dict(obj.get("usage"))
-        if models:
-            tokens_in = sum(_input_tokens(m, camel=True) for m in models)
-            tokens_out = sum(_int(m.get("outputTokens")) for m in models)
-        elif usage:
+        if usage:  # this run's own, resumed or not
             tokens_in, tokens_out = _input_tokens(usage), _int(usage.get("output_tokens"))
+        elif models:
+            tokens_in = sum(_input_tokens(m, camel=True) for m in models.values())
+            tokens_out = sum(_int(m.get("outputTokens")) for m in models.values())
+        total = _number(obj.get("total_cost_usd"))
+        self._totals = {"cost": total, "models": models}
+        own = self._own_share(models, total, tokens_in + tokens_out)
+        calls = self._settled_calls(usage, own[1])
         events = []
         if is_error and obj.get("api_error_status") == 429 and not self._rejected:
             events.append(self._rejection(text))
@@ -437,11 +472,101 @@ class ClaudeCoder(Coder):
                 session=_str(obj.get("session_id")) or None,
                 tokens_in=tokens_in,
                 tokens_out=tokens_out,
-                cost=_number(obj.get("total_cost_usd")),
+                cost=own[0],
                 is_error=is_error,
+                calls=calls,
             )
         )
         return events
+
+    def _own_share(
+        self, models: dict[str, dict[str, Any]], total: float | None, tokens: int
+    ) -> tuple[float | None, dict[str, float]]:
+        """This run's cost and its cost by model, from the result's (see the module's doc)."""
+
+        def size(model: Mapping[str, Any]) -> int:
+            return _input_tokens(model, camel=True) + _int(model.get("outputTokens"))
+
+        def costs(of: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+            return {k: _number(m.get("costUSD")) or 0.0 for k, m in of.items()}
+
+        if sum(size(m) for m in models.values()) == tokens:
+            return total, costs(models)
+        base_models = {str(k): _dict(m) for k, m in _dict(self._baseline.get("models")).items()}
+        base_cost = _number(self._baseline.get("cost"))
+        if total is None or base_cost is None or not base_models:
+            return None, {}
+        grown: dict[str, dict[str, Any]] = {}
+        for name, model in models.items():
+            before = base_models.get(name, {})
+            grown[name] = {
+                key: (_number(model.get(key)) or 0) - (_number(before.get(key)) or 0)
+                for key in (
+                    "inputTokens",
+                    "outputTokens",
+                    "cacheReadInputTokens",
+                    "cacheCreationInputTokens",
+                    "costUSD",
+                )
+            }
+        sized = sum(
+            int(m["inputTokens"] + m["outputTokens"])
+            + int(m["cacheReadInputTokens"] + m["cacheCreationInputTokens"])
+            for m in grown.values()
+        )
+        if sized != tokens or total < base_cost:
+            return None, {}
+        return max(0.0, total - base_cost), {k: max(0.0, v) for k, v in costs(grown).items()}
+
+    def _settled_calls(
+        self, usage: Mapping[str, Any], model_costs: Mapping[str, float]
+    ) -> tuple[Call, ...]:
+        """This run's calls, made to add up to the result's `usage`, with its reported cost by
+        model spread over them."""
+        calls = list(self._calls.values())
+        if usage:
+            main = self._model or next((c.model for c in calls if c.model), None)
+            rest = Call(
+                "result",
+                main,
+                input=_int(usage.get("input_tokens")) - sum(c.input for c in calls),
+                output=0,
+                cache_read=_int(usage.get("cache_read_input_tokens"))
+                - sum(c.cache_read for c in calls),
+                cache_write=_int(usage.get("cache_creation_input_tokens"))
+                - sum(c.cache_write for c in calls),
+            )
+            if min(rest.input, rest.cache_read, rest.cache_write) >= 0 and (
+                rest.input or rest.cache_read or rest.cache_write
+            ):
+                calls.append(rest)
+            more = _int(usage.get("output_tokens")) - sum(c.output for c in calls)
+            if more > 0 and calls:
+                share, extra = divmod(more, len(calls))
+                calls = [
+                    c._replace(output=c.output + share + (extra if i == len(calls) - 1 else 0))
+                    for i, c in enumerate(calls)
+                ]
+        if model_costs:
+
+            def weight(c: Call) -> float:
+                rest = c.output * RELATIVE_PRICE["output"]
+                rest += c.cache_read * RELATIVE_PRICE["cache_read"]
+                return c.input + rest + c.cache_write * RELATIVE_PRICE["cache_write"]
+
+            spread = []
+            for model, cost in model_costs.items():
+                mine = [c for c in calls if (c.model or "").split("[")[0] == model.split("[")[0]]
+                weights = sum(weight(c) for c in mine)
+                spread += [
+                    c._replace(cost=cost * weight(c) / weights if weights else 0.0) for c in mine
+                ]
+            if len(spread) == len(calls):
+                calls = spread
+        return tuple(calls)
+
+    def session_totals(self) -> dict[str, object] | None:
+        return self._totals
 
     # ------------------------------------------------------------------ the end
 

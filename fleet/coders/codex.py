@@ -38,17 +38,21 @@ The only per-task file is `TASK_DIR/codex-last-message.md`, codex's last message
 
 Stream. `thread.started` (session id), `item.started`/`item.completed` (`command_execution`,
 `mcp_tool_call`, `agent_message`, non-fatal `error` items, …), `error` (`Reconnecting… n/m` is a
-retry), `turn.completed` (usage, cumulative over the thread: one thread per attempt, so it is the
-attempt's total; no cost) and `turn.failed`. Usage during the turn, the context size and the
-provider's rate-limit windows (from `x-codex-*` headers) appear only in the session's rollout
-file, which `parse` reads on as lines arrive: `token_usage_record` lines give the thread's totals
-and the last call's size (= the context), `token_count` lines the windows. A 429 shows as
-`… last status: 429 Too Many Requests` (no reset time) or "You've hit your usage limit … try
-again at 1:37 PM" (the rollout then holds the exact reset); both become a rejected rate limit,
-while a 429 that codex still retries (`Reconnecting… (… 429 …)`) is a retry and a warning.
-codex also compacts its history by itself when a call's usage nears the window it assumes
-(it did after a call of 250,000 input tokens, with 258,400 assumed for an unknown model; a
-compaction request is one without tools); fleet's context pressure stops it first only if the
+retry), `turn.completed` (usage, cumulative over the thread; no cost) and `turn.failed`. Usage
+during the turn, the context size and the provider's rate-limit windows (from `x-codex-*`
+headers) appear only in the session's rollout file, which `parse` reads on as lines arrive:
+`token_usage_record` lines give each call's own usage (one call per line: its input, cached
+input, cache writes and output, reasoning included) and the thread's totals after it,
+`turn_context` lines the model, `token_count` lines the windows. A resumed thread (`exec
+resume`) appends to the same rollout file and reports the whole thread's usage: the coder reads
+only what the file gains after the resume starts, and the thread's totals before this run are
+those of its first new record less that record's call, so every figure is this attempt's own. A
+429 shows as `… last status: 429 Too Many Requests` (no reset time) or "You've hit your usage
+limit … try again at 1:37 PM" (the rollout then holds the exact reset); both become a rejected
+rate limit, while a 429 that codex still retries (`Reconnecting… (… 429 …)`) is a retry and a
+warning. codex also compacts its history by itself when a call's usage nears the window it
+assumes (it did after a call of 250,000 input tokens, with 258,400 assumed for an unknown model;
+a compaction request is one without tools); fleet's context pressure stops it first only if the
 window fleet knows for the model is smaller than codex's.
 
 Stop: SIGINT, on which codex kills its running tool and what that started (tools run in a
@@ -59,6 +63,7 @@ on, re-parented to init, unless the hangup of its terminal ends it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -72,7 +77,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fleet.coders.base import Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
+from fleet.coders.base import Call, Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.paths import program
 
 MCP_NAME = "fleet"
@@ -96,6 +101,8 @@ TRY_AGAIN = re.compile(
     re.IGNORECASE,
 )
 SHELLS = ("bash", "sh", "zsh")
+# The rollout lines the coder reads (any other line is skipped without parsing it).
+ROLLOUT_WORDS = (b'"token_usage_record"', b'"token_count"', b'"turn_context"')
 MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 
 
@@ -214,6 +221,10 @@ class CodexCoder(Coder):
         self._offset = 0
         self._started: set[str] = set()
         self._usage: tuple[int | None, int | None, int | None] | None = None
+        self._resumed = False
+        self._base: tuple[int, int] | None = None  # the thread's (in, out) before this run
+        self._model: str | None = None  # the model codex says it uses (turn_context)
+        self._calls = 0
         self._windows: dict[str, tuple[str, float | None, float | None]] = {}
         self._rejected = False  # the provider refused during this attempt
         self._refused: tuple[float, float | None] | None = None  # last refusal: when, reset
@@ -301,6 +312,15 @@ class CodexCoder(Coder):
     def prepare(self, run: RunSpec) -> None:
         (run.task_dir / LAST_MESSAGE).unlink(missing_ok=True)  # a killed attempt leaves none
         self._home = self.codex_home()
+        self._model = self.model(run)
+        if run.resume:
+            # The thread's rollout file holds the earlier runs: read only what this one adds.
+            self._resumed = True
+            self._thread = run.resume
+            self._rollout = self.find_rollout(anywhen=True)
+            if self._rollout is not None:
+                with contextlib.suppress(OSError):
+                    self._offset = self._rollout.stat().st_size
 
     # ------------------------------------------------------------------ the stream
 
@@ -429,7 +449,9 @@ class CodexCoder(Coder):
             events = [] if message == self._last_error else self.error(message)
             return [*events, Event(Kind.RESULT, message, is_error=True)]
         usage = _dict(obj.get("usage"))
-        tokens_in, tokens_out = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
+        tokens_in, tokens_out = self.own(
+            _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
+        )
         parts = [f"tokens in {tokens_in} out {tokens_out}"]
         for key, label in (
             ("cached_input_tokens", "cached"),
@@ -452,10 +474,14 @@ class CodexCoder(Coder):
 
     # ------------------------------------------------------------------ the rollout file
 
-    def find_rollout(self) -> Path | None:
-        """`sessions/YYYY/MM/DD/rollout-…-<thread>.jsonl`, looking only near today's date."""
+    def find_rollout(self, anywhen: bool = False) -> Path | None:
+        """`sessions/YYYY/MM/DD/rollout-…-<thread>.jsonl`, looking only near today's date
+        unless `anywhen` (a resumed thread may be older)."""
         if self._home is None or self._thread is None:
             return None
+        if anywhen:
+            found = sorted(self._home.glob(f"sessions/*/*/*/rollout-*-{self._thread}.jsonl"))
+            return found[-1] if found else None
         now = time.time()
         days = {
             time.strftime("%Y/%m/%d", convert(t))
@@ -491,7 +517,7 @@ class CodexCoder(Coder):
         self._offset += end + 1
         events: list[Event] = []
         for raw in chunk[:end].split(b"\n"):
-            if b'"token_usage_record"' in raw or b'"token_count"' in raw:
+            if any(word in raw for word in ROLLOUT_WORDS):
                 try:
                     obj = json.loads(raw)
                 except ValueError:
@@ -502,8 +528,13 @@ class CodexCoder(Coder):
 
     def rollout_line(self, obj: dict[str, Any]) -> list[Event]:
         payload = _dict(obj.get("payload"))
+        if obj.get("type") == "turn_context":
+            self._model = _str(payload.get("model")) or self._model
+            return []
         if obj.get("type") == "token_usage_record":
-            return self.usage(_dict(payload.get("thread_token_usage")), _dict(payload.get("usage")))
+            last = _dict(payload.get("usage"))
+            call = self.call(last, _str(payload.get("response_id")))
+            return self.usage(_dict(payload.get("thread_token_usage")), last, call)
         if obj.get("type") != "event_msg" or payload.get("type") != "token_count":
             return []
         info = _dict(payload.get("info"))
@@ -512,16 +543,52 @@ class CodexCoder(Coder):
         )
         return events + self.windows(_dict(payload.get("rate_limits")))
 
-    def usage(self, total: dict[str, Any], last: dict[str, Any]) -> list[Event]:
+    def call(self, usage: dict[str, Any], response: str) -> Call:
+        """One call's own tokens, from a `token_usage_record`'s usage (input counts the cached
+        input and the cache writes; output counts the reasoning)."""
+        self._calls += 1
+        prompt = _int(usage.get("input_tokens")) or 0
+        cached = _int(usage.get("cached_input_tokens")) or 0
+        written = _int(usage.get("cache_write_input_tokens")) or 0
+        return Call(
+            response or f"call-{self._calls}",
+            self._model,
+            input=max(0, prompt - cached - written),
+            output=_int(usage.get("output_tokens")) or 0,
+            cache_read=cached,
+            cache_write=written,
+        )
+
+    def own(self, tokens_in: int | None, tokens_out: int | None) -> tuple[int | None, int | None]:
+        """This run's share of thread totals (a fresh thread's totals are all its own)."""
+        if self._base is None:
+            return (None, None) if self._resumed else (tokens_in, tokens_out)
+        return (
+            None if tokens_in is None else tokens_in - self._base[0],
+            None if tokens_out is None else tokens_out - self._base[1],
+        )
+
+    def usage(
+        self, total: dict[str, Any], last: dict[str, Any], call: Call | None = None
+    ) -> list[Event]:
         tokens_in, tokens_out = _int(total.get("input_tokens")), _int(total.get("output_tokens"))
         last_in, last_out = _int(last.get("input_tokens")), _int(last.get("output_tokens"))
+        if self._base is None and tokens_in is not None and last_in is not None:
+            # The first call this run saw: the thread's totals before it are the run's start.
+            self._base = (tokens_in - last_in, (tokens_out or 0) - (last_out or 0))
+        tokens_in, tokens_out = self.own(tokens_in, tokens_out)
         # The next request carries the whole last one, input and output: that is the context.
         context = last_in + (last_out or 0) if last_in is not None else None
         now = (tokens_in, tokens_out, context)
-        if now == self._usage or (tokens_in is None and context is None):
+        if (now == self._usage and call is None) or (tokens_in is None and context is None):
             return []
         self._usage = now
-        return [Event(Kind.USAGE, tokens_in=tokens_in, tokens_out=tokens_out, context=context)]
+        calls = (call,) if call is not None else ()
+        return [
+            Event(
+                Kind.USAGE, tokens_in=tokens_in, tokens_out=tokens_out, context=context, calls=calls
+            )
+        ]
 
     def windows(self, limits: dict[str, Any]) -> list[Event]:
         events = []

@@ -43,15 +43,18 @@ runs in the task's directory with stdin from /dev/null. What fleet decides for i
   `result` line, and leaves a running shell tool (which lives in its own session) behind; under
   systemd the unit's cgroup takes care of those.
 
-Reading the stream: `init` carries the session id, `message` the user's prompt (dropped: it is in
-`prompt.md`) or deltas of assistant text, `tool_use`/`tool_result` one tool call each (paired
+Reading the stream: `init` carries the session id, `message` the user's prompt (dropped: it is
+in `prompt.md`) or deltas of assistant text, `tool_use`/`tool_result` one tool call each (paired
 by `tool_id`), `error` a warning or a non-fatal error, and `result` the end with `stats`, the
-token totals of this process run (all models, routing calls included): `input_tokens`
-(cached ones included) and `output_tokens`. The stream gives no usage before the result and no
-cost at all. The context size is not in it either; the result gives a lower bound: per model,
-its prompt tokens divided by the number of calls it can have made (tool calls + 1), since a
-conversation only grows until the CLI compresses it. Retries are not in it (the CLI writes them
-to stderr), and with one attempt there are none.
+token totals of this process run (all models, routing calls included): `input_tokens` (cached
+ones included) and `output_tokens`. The stream gives no usage before the result and no cost at
+all (fleet estimates it). Per model, `stats.models` gives the run's input (`cached` of it read
+from the cache) and output tokens, the rest of the model's total being its thoughts, which count
+as output; the calls are not told apart, so each model's tokens are priced as tool_calls + 1
+calls of equal size. The context size is not in it either; the result gives a lower bound: per
+model, its prompt tokens divided by the number of calls it can have made (tool calls + 1), since
+a conversation only grows until the CLI compresses it. Retries are not in it (the CLI writes
+them to stderr), and with one attempt there are none.
 
 Rate limits: the CLI reads no rate-limit headers. A 429 ends the run with a `result` error
 `[API Error: …]` (with "Please wait and try again later…" for API keys) and exit status 173
@@ -82,7 +85,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from fleet.coders.base import Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
+from fleet.coders.base import Call, Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.fsutil import write_atomic
 from fleet.paths import program
 
@@ -316,7 +319,13 @@ class GeminiCoder(Coder):
             tokens_out = _int(stats.get("output_tokens"))
             context = context_floor(stats)
             events.append(
-                Event(Kind.USAGE, tokens_in=tokens_in, tokens_out=tokens_out, context=context)
+                Event(
+                    Kind.USAGE,
+                    tokens_in=tokens_in,
+                    tokens_out=tokens_out,
+                    context=context,
+                    calls=model_calls(stats),
+                )
             )
         ok = obj.get("status") == "success"
         if ok:
@@ -380,6 +389,33 @@ def context_floor(stats: Mapping[str, Any]) -> int | None:
         prompts = [_int(m.get("input_tokens")) or 0 for m in models.values() if isinstance(m, dict)]
     best = max(prompts, default=0)
     return math.ceil(best / calls) if best > 0 else None
+
+
+def model_calls(stats: Mapping[str, Any]) -> tuple[Call, ...]:
+    """The run's tokens by model, each model's as tool_calls + 1 calls of equal size."""
+    models = stats.get("models")
+    if not isinstance(models, dict):
+        return ()
+    count = (_int(stats.get("tool_calls")) or 0) + 1
+    calls = []
+    for name, model in sorted(models.items()):
+        if not isinstance(model, dict):
+            continue
+        prompt = _int(model.get("input_tokens")) or 0
+        cached = min(prompt, _int(model.get("cached")) or 0)
+        output = _int(model.get("output_tokens")) or 0
+        total = _int(model.get("total_tokens")) or 0
+        calls.append(
+            Call(
+                f"model:{name}",
+                str(name),
+                input=prompt - cached,
+                output=max(output, total - prompt),  # thoughts are output
+                cache_read=cached,
+                times=count,
+            )
+        )
+    return tuple(calls)
 
 
 def rate_limit(message: str, timestamp: Any) -> Event:

@@ -45,8 +45,12 @@ Output: one JSON object per line, `{"type", "timestamp" (ms), "sessionID", "part
 no final result line: the last `step_finish` (reason other than "tool-calls") ends a run that
 worked, an `error` line one that did not (exit status 1), and SIGTERM (the stop signal; OpenCode
 dies within 0.1 s, leaving its tools, which run in their own sessions, to the unit's cgroup) an
-interrupted one. Usage is per step; the coder sums it: tokens in = input + cache read + cache
-write (the prompt), tokens out = output + reasoning, and the context is the last step's total.
+interrupted one. Usage is per step (one model call each: its uncached input, cache reads and
+writes, output and reasoning, and cost), and only this run's steps are printed, resumed or not;
+the coder sums them: tokens in = input + cache read + cache write (the prompt), tokens out =
+output + reasoning, and the context is the last step's total. A step's cost is OpenCode's own
+estimate from the model's configured prices, and 0 for a model it has none for: then fleet
+estimates it instead. The lines do not name the model: it is the one the task asked for.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from fleet.coders.base import Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
+from fleet.coders.base import Call, Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.paths import program
 
 MCP_SERVER = "fleet"  # as for the other coders; OpenCode names the tools fleet_ask_human, …
@@ -111,11 +115,12 @@ class OpencodeCoder(Coder):
         self.errors = 0
         self.finished = False  # a step that did not ask for tools: the model's last word
         self.rate_limited = False
+        self.model_name: str | None = None  # the task's, as passed with --model
 
     # ------------------------------------------------------------------ starting
 
     def argv(self, run: RunSpec) -> list[str]:
-        model = self.model(run)
+        model = self.model_name = self.model(run)
         title = " ".join(f"{run.task_id} {run.title}".split())[:120]
         return [
             "/bin/sh",
@@ -228,15 +233,26 @@ class OpencodeCoder(Coder):
         output = _int(tokens.get("output")) + _int(tokens.get("reasoning"))
         self.tokens_in += prompt
         self.tokens_out += output
-        self.cost += _num(part.get("cost")) or 0.0
+        cost = _num(part.get("cost")) or 0.0
+        self.cost += cost
         context = _int(tokens.get("total")) or prompt + output
+        call = Call(
+            _str(part.get("id")) or f"step-{self.steps}",
+            self.model_name,
+            input=_int(tokens.get("input")),
+            output=output,
+            cache_read=_int(cache.get("read")),
+            cache_write=_int(cache.get("write")),
+            cost=cost if cost > 0 else None,
+        )
         events = [
             Event(
                 Kind.USAGE,
                 tokens_in=self.tokens_in,
                 tokens_out=self.tokens_out,
-                cost=self.cost,
+                cost=self.cost or None,
                 context=context,
+                calls=(call,),
             )
         ]
         reason = _str(part.get("reason"))
@@ -270,7 +286,7 @@ class OpencodeCoder(Coder):
             _short(text),
             tokens_in=self.tokens_in if counted else None,
             tokens_out=self.tokens_out if counted else None,
-            cost=self.cost if counted else None,
+            cost=self.cost if counted and self.cost > 0 else None,
             is_error=is_error,
         )
 

@@ -29,6 +29,11 @@ Semantics every backend must keep (the SQLite one today, PostgreSQL later):
   close, edit, request_merge aside) is refused with a Conflict, and no attempt is claimed;
 - `request_merge` takes a blocked task only when its merge-back blocked it (merge state
   conflict or failed), and never a task already merged;
+- an attempt records its coder and model when claimed, and when it ends its own tokens (input,
+  output, cache reads and writes), its cost with where it came from (reported or estimated)
+  and its tokens and cost by model (`attempt_usage`); the task adds them to its totals;
+- every gate that opens is also a `gate_log` row, extended while it stays open and ended when
+  it is lifted before its time, so the timeline outlives the gate;
 - `request_merge` and `record_merge` write their audit rows: `merge-requested`, and
   `merged-back`, `merge-blocked` or `merge-waits` (the last only when the reason changes, as a
   waiting merge is tried again on every dispatch pass);
@@ -87,6 +92,7 @@ class TaskFilter(NamedTuple):
     include_final: bool = False
     label: str | None = None
     cwd: str | None = None  # the directory or anything below it
+    limit: int | None = None  # at most this many, oldest first
 
 
 class OutgoingSpec(NamedTuple):
@@ -143,11 +149,28 @@ class Store(Protocol):
         """The same tasks as `tasks`, each already encoded as a JSON object (fast path)."""
         ...
 
-    def ready(self, limit: int | None = None) -> list[Task]:
-        """What `claim` would take next, in claim order."""
+    def count(self, flt: TaskFilter) -> int:
+        """How many tasks `tasks(flt)` would list without its limit."""
+        ...
+
+    def ready(
+        self,
+        limit: int | None = None,
+        coders: tuple[str, ...] | None = None,
+        default_coder: str = "",
+        among: bool = True,
+    ) -> list[Task]:
+        """What `claim` would take next, in claim order, gates aside; with `coders`, only the
+        tasks of those coders (a task naming none has `default_coder`), or with among=False
+        only those of the others."""
         ...
 
     def attempts(self, task_id: str) -> list[Attempt]: ...
+
+    def session_totals(self, task_id: str, session_id: str) -> dict[str, Any] | None:
+        """What the coder reported for session `session_id` as a whole when the newest attempt
+        of the task that ran it ended (`Coder.session_totals`), or None."""
+        ...
 
     def children(self, task_id: str) -> list[Task]:
         """The task's subtasks, oldest first."""
@@ -223,9 +246,65 @@ class Store(Protocol):
 
     def checkpoints(self, task_id: str) -> list[Checkpoint]: ...
 
-    def set_gate(self, name: str, until: str | None, reason: str | None) -> None:
-        """Stop claims: `pause` stops all, `coder:NAME` only that coder's tasks."""
+    def set_gate(
+        self,
+        name: str,
+        until: str | None,
+        reason: str | None,
+        kind: str | None = None,
+        window: str | None = None,
+    ) -> None:
+        """Stop claims: `pause` stops all, `coder:NAME` only that coder's tasks. `kind` says
+        why in a word (pause, rate-limit, budget; by default pause or rate-limit), `window`
+        which rate-limit window closed it; the gate's timeline row opens or is extended."""
         ...
+
+    def open_gates(self) -> list[dict[str, Any]]:
+        """Open gates with name, until, reason, kind, by, window and since."""
+        ...
+
+    def gate_log(self, since: str | None, until: str | None) -> list[dict[str, Any]]:
+        """Every gate that was open at some time within [since, until), oldest first."""
+        ...
+
+    # Figures (fleet.status, fleet.stats, daily budgets)
+    def status_counts(self) -> dict[str, int]:
+        """How many tasks are in each status."""
+        ...
+
+    def ready_by_coder(self, default_coder: str) -> dict[str, int]:
+        """How many tasks `claim` could take now (gates aside), by coder."""
+        ...
+
+    def attempt_rows(
+        self, since: str | None, until: str | None, tasks: bool = False
+    ) -> list[tuple[Any, ...]]: ...
+
+    def attempt_sums(
+        self, since: str | None, until: str | None, dims: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        """Attempts that ended in [since, until) (not-started aside), summed by `dims` (coder,
+        model, cwd, hour: the UTC hour of their end) and outcome: (*dims, outcome, count,
+        tokens_in, tokens_out, cache_read, cache_write, cost, estimated cost, attempts with
+        tokens but no cost, first start)."""
+        ...
+
+    def attempt_durations(
+        self, since: str | None, until: str | None, dims: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        """The same attempts one by one: (*dims, outcome, duration in seconds, the UTC hour
+        they ended in, cost)."""
+        ...
+
+    def usage_sums(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]: ...
+
+    def usage_rows(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]: ...
+
+    def finished_by_hour(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]: ...
+
+    def spent_since(self, since: str) -> dict[str, float]: ...
+
+    def attempt_usage(self, task_id: str) -> dict[int, list[dict[str, Any]]]: ...
 
     def clear_gate(self, name: str) -> bool: ...
 

@@ -184,6 +184,15 @@ def _is_full(e: sqlite3.Error, path: object) -> bool:
     return nearly_full(os.path.dirname(str(path)))
 
 
+# The columns `fleet stats` may group attempts by, and what each one is.
+STAT_DIMENSIONS = {
+    "coder": "a.coder",
+    "model": "a.model",
+    "cwd": "t.cwd",
+    "hour": "substr(a.ended_at, 1, 13)",  # the UTC hour: 2026-12-01T23
+}
+
+
 @contextmanager
 def _db_errors(path: object) -> Iterator[None]:
     try:
@@ -441,7 +450,8 @@ class SQLiteStore:
         with self._read() as db:
             return self._fetch(db, task_id)
 
-    def _list_sql(self, flt: TaskFilter) -> tuple[str, list[Any]]:
+    @staticmethod
+    def _where(flt: TaskFilter) -> tuple[str, list[Any]]:
         where: list[str] = []
         args: list[Any] = []
         if flt.statuses:
@@ -457,10 +467,19 @@ class SQLiteStore:
             base = flt.cwd.rstrip("/") + "/"
             where.append("(t.cwd = ? OR substr(t.cwd, 1, ?) = ?)")
             args.extend((flt.cwd, len(base), base))
-        sql = f"SELECT {TASK_JSON} FROM tasks t"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        return sql + " ORDER BY t.seq", args
+        return (" WHERE " + " AND ".join(where)) if where else "", args
+
+    def _list_sql(self, flt: TaskFilter) -> tuple[str, list[Any]]:
+        where, args = self._where(flt)
+        sql = f"SELECT {TASK_JSON} FROM tasks t{where} ORDER BY t.seq"
+        if flt.limit is not None:
+            return sql + " LIMIT ?", [*args, flt.limit]
+        return sql, args
+
+    def count(self, flt: TaskFilter) -> int:
+        where, args = self._where(flt)
+        with self._read() as db:
+            return int(db.execute(f"SELECT count(*) FROM tasks t{where}", args).fetchone()[0])
 
     def list_json(self, flt: TaskFilter) -> Iterator[str]:
         sql, args = self._list_sql(flt)
@@ -472,10 +491,23 @@ class SQLiteStore:
         for text in self.list_json(flt):
             yield Task.from_json(json.loads(text))
 
-    def ready(self, limit: int | None = None) -> list[Task]:
-        sql = f"SELECT {TASK_JSON} FROM tasks t WHERE {READY_WHERE} ORDER BY t.priority, t.seq"
+    def ready(
+        self,
+        limit: int | None = None,
+        coders: tuple[str, ...] | None = None,
+        default_coder: str = "",
+        among: bool = True,
+    ) -> list[Task]:
+        where, args = READY_WHERE, []
+        if coders is not None:
+            where += (
+                f" AND COALESCE(t.coder, ?) {'' if among else 'NOT '}IN"
+                f" ({','.join('?' * len(coders))})"
+            )
+            args = [default_coder, *coders]
+        sql = f"SELECT {TASK_JSON} FROM tasks t WHERE {where} ORDER BY t.priority, t.seq LIMIT ?"
         with self._read() as db:
-            rows = db.execute(sql + " LIMIT ?", (-1 if limit is None else limit,)).fetchall()
+            rows = db.execute(sql, (*args, -1 if limit is None else limit)).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
 
     def attempts(self, task_id: str) -> list[Attempt]:
@@ -484,6 +516,21 @@ class SQLiteStore:
                 f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE task = ? ORDER BY n", (task_id,)
             ).fetchall()
         return [Attempt(*row) for row in rows]
+
+    def session_totals(self, task_id: str, session_id: str) -> dict[str, Any] | None:
+        with self._read() as db:
+            row = db.execute(
+                "SELECT session_totals FROM attempts WHERE task = ? AND session_id = ?"
+                " AND session_totals IS NOT NULL ORDER BY n DESC LIMIT 1",
+                (task_id, session_id),
+            ).fetchone()
+        if row is None:
+            return None
+        try:
+            found = json.loads(row[0])
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
 
     def ids_with_prefix(self, prefix: str, limit: int) -> list[tuple[str, str]]:
         with self._read() as db:
@@ -625,8 +672,8 @@ class SQLiteStore:
             try:
                 db.execute(
                     "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
-                    " labels, created_at, updated_at, isolation, base, merge)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " labels, created_at, updated_at, isolation, base, merge, max_cost_usd,"
+                    " max_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         task_id,
                         spec.title,
@@ -641,6 +688,8 @@ class SQLiteStore:
                         spec.isolation,
                         spec.base,
                         spec.merge,
+                        spec.max_cost_usd,
+                        spec.max_tokens,
                     ),
                 )
             except sqlite3.IntegrityError as e:
@@ -666,7 +715,16 @@ class SQLiteStore:
                     hint="add a new task for the other directory",
                 )
             sets: dict[str, Any] = {}
-            for name in ("title", "description", "cwd", "coder", "model", "priority"):
+            for name in (
+                "title",
+                "description",
+                "cwd",
+                "coder",
+                "model",
+                "priority",
+                "max_cost_usd",
+                "max_tokens",
+            ):
                 value = getattr(change, name)
                 if value is not None:
                     sets[name] = value
@@ -1042,7 +1100,7 @@ class SQLiteStore:
             " attempts = attempts + 1, coder = COALESCE(coder, ?),"
             " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
             " updated_at = ? WHERE id = ? AND status = 'ready' AND claimed_by IS NULL"
-            " RETURNING attempts",
+            " RETURNING attempts, coder, model",
             (
                 owner,
                 iso(time.time() + lease_s),
@@ -1056,8 +1114,9 @@ class SQLiteStore:
         if row is None:
             return None
         db.execute(
-            "INSERT INTO attempts (task, n, owner, started_at) VALUES (?, ?, ?, ?)",
-            (task_id, row[0], owner, now),
+            "INSERT INTO attempts (task, n, owner, started_at, coder, model)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (task_id, row[0], owner, now, row[1], row[2]),
         )
         self._audit(db, task_id, "claimed", attempt=row[0], owner=owner)
         return task_id
@@ -1100,17 +1159,224 @@ class SQLiteStore:
         with self._read() as db:
             return self._open_gates(db)
 
-    def set_gate(self, name: str, until: str | None, reason: str | None) -> None:
+    def open_gates(self) -> list[dict[str, Any]]:
+        keys = ("name", "until", "reason", "kind", "by", "window", "since")
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT name, until, reason, kind, by, window, created_at FROM gates"
+                " WHERE until IS NULL OR until > ? ORDER BY name",
+                (now_iso(),),
+            ).fetchall()
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    def set_gate(
+        self,
+        name: str,
+        until: str | None,
+        reason: str | None,
+        kind: str | None = None,
+        window: str | None = None,
+    ) -> None:
+        now = now_iso()
+        kind = kind or ("pause" if name == "pause" else "rate-limit")
         with self._write() as db:
             db.execute(
-                "INSERT OR REPLACE INTO gates (name, until, reason, created_at)"
-                " VALUES (?, ?, ?, ?)",
-                (name, until, reason, now_iso()),
+                "INSERT OR REPLACE INTO gates (name, until, reason, created_at, by, kind, window)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (name, until, reason, now, self.actor.by, kind, window),
             )
+            # The timeline: a gate still open is extended (or changed), else a new one opens.
+            row = db.execute(
+                "UPDATE gate_log SET until = ?, reason = ?, kind = ?, window = ? WHERE id ="
+                " (SELECT max(id) FROM gate_log WHERE name = ? AND ended_at IS NULL"
+                " AND (until IS NULL OR until > ?)) RETURNING id",
+                (until, reason, kind, window, name, now),
+            ).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO gate_log (name, kind, reason, by, window, started_at, until)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (name, kind, reason, self.actor.by, window, now, until),
+                )
 
     def clear_gate(self, name: str) -> bool:
+        now = now_iso()
         with self._write() as db:
+            db.execute(
+                "UPDATE gate_log SET ended_at = ? WHERE name = ? AND ended_at IS NULL"
+                " AND (until IS NULL OR until > ?)",
+                (now, name, now),
+            )
             return db.execute("DELETE FROM gates WHERE name = ?", (name,)).rowcount > 0
+
+    # -- figures for fleet.status and fleet.stats (plain SQL a PostgreSQL store can run) -------
+
+    def gate_log(self, since: str | None, until: str | None) -> list[dict[str, Any]]:
+        """Every gate open at some time in [since, until), oldest first; `end` is when it was
+        lifted, or its `until` (null: open, indefinitely)."""
+        keys = ("name", "kind", "reason", "by", "window", "start", "end")
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT name, kind, reason, by, window, started_at, COALESCE(ended_at, until)"
+                " FROM gate_log WHERE (? IS NULL OR started_at < ?)"
+                " AND (? IS NULL OR COALESCE(ended_at, until) IS NULL"
+                " OR COALESCE(ended_at, until) > ?) ORDER BY started_at, id",
+                (until, until, since, since),
+            ).fetchall()
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    def attempt_rows(
+        self, since: str | None, until: str | None, tasks: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """The attempts that ended in [since, until): (task, n, started_at, ended_at, outcome,
+        coder, model, tokens_in, tokens_out, tokens_cache_read, tokens_cache_write, cost,
+        cost_source, cwd, labels, task_coder, task_model), the last four their task's if
+        `tasks` (a join that doubles the cost of reading 100,000 attempts), else null."""
+        task_columns = "t.cwd, t.labels, t.coder, t.model" if tasks else "NULL, NULL, NULL, NULL"
+        join = " JOIN tasks t ON t.id = a.task" if tasks else ""
+        with self._read() as db:
+            return db.execute(
+                "SELECT a.task, a.n, a.started_at, a.ended_at, a.outcome, a.coder, a.model,"
+                " a.tokens_in, a.tokens_out, a.tokens_cache_read, a.tokens_cache_write, a.cost,"
+                f" a.cost_source, {task_columns} FROM attempts a{join}"
+                " WHERE a.ended_at IS NOT NULL AND (? IS NULL OR a.ended_at >= ?)"
+                " AND (? IS NULL OR a.ended_at < ?)",
+                (since, since, until, until),
+            ).fetchall()
+
+    def _stat_sql(
+        self, dims: Sequence[str], select: str, since: str | None, until: str | None
+    ) -> tuple[str, tuple[Any, ...], str]:
+        columns = [STAT_DIMENSIONS[d] for d in dims]
+        join = " JOIN tasks t ON t.id = a.task" if "cwd" in dims else ""
+        head = ", ".join([*columns, "a.outcome"])
+        sql = (
+            f"SELECT {head}, {select} FROM attempts a{join} WHERE a.ended_at IS NOT NULL"
+            " AND a.outcome != 'not-started' AND (? IS NULL OR a.ended_at >= ?)"
+            " AND (? IS NULL OR a.ended_at < ?)"
+        )
+        return sql, (since, since, until, until), head
+
+    def attempt_sums(
+        self, since: str | None, until: str | None, dims: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        sql, args, head = self._stat_sql(
+            dims,
+            "count(*), sum(a.tokens_in), sum(a.tokens_out), sum(a.tokens_cache_read),"
+            " sum(a.tokens_cache_write), sum(a.cost),"
+            " sum(CASE WHEN a.cost_source = 'estimated' THEN a.cost END),"
+            " sum(CASE WHEN a.cost IS NULL AND (a.tokens_in > 0 OR a.tokens_out > 0)"
+            " THEN 1 ELSE 0 END), min(a.started_at)",
+            since,
+            until,
+        )
+        with self._read() as db:
+            return db.execute(f"{sql} GROUP BY {head}", args).fetchall()
+
+    def attempt_durations(
+        self, since: str | None, until: str | None, dims: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        # SQLite's own date arithmetic (a PostgreSQL store: extract(epoch from ...)).
+        sql, args, _ = self._stat_sql(
+            dims,
+            "(julianday(a.ended_at) - julianday(a.started_at)) * 86400.0,"
+            " substr(a.ended_at, 1, 13), a.cost",
+            since,
+            until,
+        )
+        with self._read() as db:
+            return db.execute(sql, args).fetchall()
+
+    def usage_sums(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
+        """Tokens and cost by model of the attempts that ended in [since, until): (model,
+        calls, input, output, cache_read, cache_write, cost, estimated cost)."""
+        window = since is not None or until is not None
+        join = " JOIN attempts a ON a.task = u.task AND a.n = u.attempt" if window else ""
+        where = " WHERE (? IS NULL OR a.ended_at >= ?) AND (? IS NULL OR a.ended_at < ?)"
+        with self._read() as db:
+            return db.execute(
+                "SELECT u.model, sum(u.calls), sum(u.input), sum(u.output), sum(u.cache_read),"
+                " sum(u.cache_write), sum(u.cost),"
+                " sum(CASE WHEN u.cost_source = 'estimated' THEN u.cost END)"
+                f" FROM attempt_usage u{join}{where if window else ''} GROUP BY u.model",
+                (since, since, until, until) if window else (),
+            ).fetchall()
+
+    def usage_rows(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
+        """Tokens and cost by model of the attempts that ended in [since, until): (task,
+        attempt, coder, model, calls, input, output, cache_read, cache_write, cost,
+        cost_source)."""
+        with self._read() as db:
+            return db.execute(
+                "SELECT u.task, u.attempt, a.coder, u.model, u.calls, u.input, u.output,"
+                " u.cache_read, u.cache_write, u.cost, u.cost_source"
+                " FROM attempt_usage u JOIN attempts a ON a.task = u.task AND a.n = u.attempt"
+                " WHERE (? IS NULL OR a.ended_at >= ?) AND (? IS NULL OR a.ended_at < ?)",
+                (since, since, until, until),
+            ).fetchall()
+
+    def finished_by_hour(self, since: str | None, until: str | None) -> list[tuple[Any, ...]]:
+        """Tasks done in [since, until) by the UTC hour they were done in: (hour, tasks,
+        their attempts)."""
+        with self._read() as db:
+            return db.execute(
+                "SELECT substr(finished_at, 1, 13), count(*), sum(attempts) FROM tasks"
+                " WHERE status = 'done' AND finished_at IS NOT NULL"
+                " AND (? IS NULL OR finished_at >= ?) AND (? IS NULL OR finished_at < ?)"
+                " GROUP BY substr(finished_at, 1, 13)",
+                (since, since, until, until),
+            ).fetchall()
+
+    def status_counts(self) -> dict[str, int]:
+        with self._read() as db:
+            rows = db.execute("SELECT status, count(*) FROM tasks GROUP BY status").fetchall()
+        return {str(status): int(n) for status, n in rows}
+
+    def ready_by_coder(self, default_coder: str) -> dict[str, int]:
+        # All ready tasks less those that wait (driven by the few dependencies, rather than a
+        # probe of them per ready task: a third of the time on a big queue).
+        waiting = (
+            "t.id IN (SELECT d.task FROM deps d JOIN tasks u ON u.id = d.after"
+            " WHERE u.status != 'done') OR t.id IN (SELECT w.id FROM tasks w JOIN tasks p"
+            " ON p.id = w.predecessor WHERE w.predecessor IS NOT NULL"
+            " AND p.claimed_by IS NOT NULL)"
+        )
+        counts: dict[str, int] = {}
+        with self._read() as db:
+            for sign, where in ((1, ""), (-1, f" AND ({waiting})")):
+                rows = db.execute(
+                    "SELECT COALESCE(t.coder, ?), count(*) FROM tasks t"
+                    f" WHERE t.status = 'ready'{where} GROUP BY COALESCE(t.coder, ?)",
+                    (default_coder, default_coder),
+                ).fetchall()
+                for coder, n in rows:
+                    counts[str(coder)] = counts.get(str(coder), 0) + sign * int(n)
+        return {coder: n for coder, n in counts.items() if n > 0}
+
+    def spent_since(self, since: str) -> dict[str, float]:
+        """Cost by coder of the attempts that ended at or after `since` (daily budgets)."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT coder, sum(cost) FROM attempts WHERE ended_at >= ? AND cost IS NOT NULL"
+                " GROUP BY coder",
+                (since,),
+            ).fetchall()
+        return {str(coder): float(total) for coder, total in rows if coder}
+
+    def attempt_usage(self, task_id: str) -> dict[int, list[dict[str, Any]]]:
+        """Tokens and cost by model of each attempt of the task."""
+        keys = ("model", "calls", "input", "output", "cache_read", "cache_write", "cost")
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT attempt, model, calls, input, output, cache_read, cache_write, cost,"
+                " cost_source FROM attempt_usage WHERE task = ? ORDER BY attempt, model",
+                (task_id,),
+            ).fetchall()
+        out: dict[int, list[dict[str, Any]]] = {}
+        for attempt, *values in rows:
+            entry = dict(zip((*keys, "cost_source"), values, strict=True))
+            out.setdefault(int(attempt), []).append(entry)
+        return out
 
     def record_gauge(
         self,
@@ -1189,6 +1455,12 @@ class SQLiteStore:
                 " tokens_out = CASE WHEN ? IS NULL THEN tokens_out"
                 " ELSE COALESCE(tokens_out, 0) + ? END,"
                 " cost = CASE WHEN ? IS NULL THEN cost ELSE COALESCE(cost, 0) + ? END,"
+                " tokens_cache_read = CASE WHEN ? IS NULL THEN tokens_cache_read"
+                " ELSE COALESCE(tokens_cache_read, 0) + ? END,"
+                " tokens_cache_write = CASE WHEN ? IS NULL THEN tokens_cache_write"
+                " ELSE COALESCE(tokens_cache_write, 0) + ? END,"
+                " cost_source = CASE WHEN ? IS NULL THEN cost_source WHEN cost_source IS NULL"
+                " OR cost_source = ? THEN ? ELSE 'mixed' END,"
                 " ahead = COALESCE(?, ahead),"
                 # The attempt that ends has used the checkpoint it was to resume from.
                 " resume_from = CASE WHEN ? = 'not-started' THEN resume_from END,"
@@ -1206,6 +1478,13 @@ class SQLiteStore:
                     end.tokens_out,
                     end.cost,
                     end.cost,
+                    end.cache_read,
+                    end.cache_read,
+                    end.cache_write,
+                    end.cache_write,
+                    end.cost_source,
+                    end.cost_source,
+                    end.cost_source,
                     ahead,
                     end.outcome,
                     now,
@@ -1220,7 +1499,9 @@ class SQLiteStore:
                 )
             db.execute(
                 "UPDATE attempts SET ended_at = ?, outcome = ?, exit_status = ?, tokens_in = ?,"
-                " tokens_out = ?, cost = ?, session_id = COALESCE(?, session_id)"
+                " tokens_out = ?, cost = ?, session_id = COALESCE(?, session_id),"
+                " tokens_cache_read = ?, tokens_cache_write = ?, cost_source = ?,"
+                " model = COALESCE(?, model), session_totals = ?"
                 " WHERE task = ? AND n = ?",
                 (
                     now,
@@ -1230,9 +1511,20 @@ class SQLiteStore:
                     end.tokens_out,
                     end.cost,
                     end.session_id,
+                    end.cache_read,
+                    end.cache_write,
+                    end.cost_source,
+                    end.model,
+                    end.session_totals,
                     task_id,
                     row[0],
                 ),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO attempt_usage (task, attempt, model, calls, input,"
+                " output, cache_read, cache_write, cost, cost_source)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(task_id, row[0], *model) for model in end.usage],
             )
             if status == Status.MERGING:
                 # The task was closed during the attempt (the agent's own close, usually):

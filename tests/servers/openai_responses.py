@@ -17,6 +17,9 @@ by a marker in the prompt, `FLEET-SCENARIO:<name>` (put it in the task's descrip
 * `hang-N`: a shell call running `sleep N` in a shell deaf to SIGHUP (so the hangup of its
   terminal does not end it when codex dies); every later request is held open, unanswered,
   until the server stops.
+* `pause`: a shell call running `sleep 300` for the test to stop codex in the middle of (a
+  person's suspend); once the history carries that call's output (the thread was resumed), a
+  shell call that closes the task, then a text answer.
 * `ask`: a call of fleet's MCP tool `ask_human` with the approval question `ASK_ARGS` (codex
   offers an MCP server's tools as one namespace tool, `mcp__<server>`, and the model names both:
   `"namespace": "mcp__fleet", "name": "ask_human"`); once codex sends that call's output, a
@@ -49,6 +52,7 @@ RESET_IN = 3.0
 WINDOWS = {"primary": (42.0, 300), "secondary": (10.0, 10080)}  # used %, window minutes
 WRITE_FILE = "echo hello from codex > fleet_out.txt"
 CLOSE = 'fleet close "$FLEET_TASK_ID" --reason done'
+PAUSE_COMMAND = "sleep 300 && echo slept"
 NAMESPACE = "mcp__fleet"
 ASK_ARGS = {"question": "May I delete the old build cache (2 GB)?", "kind": "approval"}
 
@@ -174,6 +178,13 @@ class ResponsesHandler(Handler):
                 self.call(body, f"trap '' HUP; sleep {number or 300}; echo slept")
             else:
                 self.state.stop.wait(600)  # the agent waits on us until it is stopped
+        elif name == "pause":
+            if not done:
+                self.call(body, PAUSE_COMMAND)
+            elif len(done) == 1:
+                self.call(body, CLOSE)
+            else:
+                self.answer(body, "Resumed, and done.")
         elif name == "ask":
             if "ask_human" not in namespaces(body).get(NAMESPACE, []):
                 offered = [t.get("name") for t in body["tools"] if isinstance(t, dict)]
