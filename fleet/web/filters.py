@@ -49,7 +49,7 @@ def _epoch(value: Any) -> float | None:
 def ago(value: Any) -> str:
     from fleet.timeutil import ago as ago_text
 
-    return ago_text(str(value)) if value else "-"
+    return f"{ago_text(str(value))} ago" if value else "-"
 
 
 def clock(value: Any) -> str:

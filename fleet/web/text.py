@@ -187,20 +187,20 @@ def _renderer(links: bool) -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
     md.enable("table").enable("strikethrough")
 
-    def link_open(tokens: Any, idx: int, options: Any, env: Any) -> str:
+    def link_open(self: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
         href = str(tokens[idx].attrGet("href") or "")
         if links and href.startswith(("http://", "https://")):
             return f'<a href="{escape(href)}" rel="noopener noreferrer nofollow" target="_blank">'
         return f'<span class="link" title="{escape(href)}">'
 
-    def link_close(tokens: Any, idx: int, options: Any, env: Any) -> str:
+    def link_close(self: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
         opened = next((t for t in reversed(tokens[:idx]) if t.type == "link_open"), None)
         href = str(opened.attrGet("href") or "") if opened is not None else ""
         if links and href.startswith(("http://", "https://")):
             return "</a>"
         return "</span>"
 
-    def image(tokens: Any, idx: int, options: Any, env: Any) -> str:
+    def image(self: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
         token = tokens[idx]
         alt = "".join(child.content for child in token.children or [])
         src = str(token.attrGet("src") or "")

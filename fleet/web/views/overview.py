@@ -29,9 +29,12 @@ def picture(web: Web) -> dict[str, Any]:
 
 
 async def overview(request: Request) -> Response:
+    import anyio.to_thread
+
     web: Web = request.app.state.web
+    version = web.hub.version  # before: a change while this is made is streamed after it
     try:
-        seen = await web.hub.shared("overview", lambda: picture(web))
+        seen = await anyio.to_thread.run_sync(picture, web)
     except FleetError as e:
         return page(request, "error.html", 503, error=e)
     return page(
@@ -39,7 +42,7 @@ async def overview(request: Request) -> Response:
         "overview.html",
         snap=seen["snap"],
         fragment=seen["html"],
-        version=web.hub.version,
+        version=version,
         view="overview",
     )
 

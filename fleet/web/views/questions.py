@@ -34,13 +34,16 @@ def inbox(web: Web) -> dict[str, Any]:
 
 
 async def questions_page(request: Request) -> Response:
+    import anyio.to_thread
+
     web: Web = request.app.state.web
+    version = web.hub.version  # before: a change while this is made is streamed after it
     try:
-        found = await web.hub.shared("questions", lambda: inbox(web))
+        found = await anyio.to_thread.run_sync(inbox, web)
     except FleetError as e:
         return page(request, "error.html", 503, error=e)
     return page(
-        request, "questions.html", view="questions", version=web.hub.version, fragment=found["html"]
+        request, "questions.html", view="questions", version=version, fragment=found["html"]
     )
 
 

@@ -93,11 +93,12 @@ async def task_page(request: Request) -> Response:
             "cut": cut,
         }
 
+    version = web.hub.version  # before: a change while this is made is streamed after it
     try:
         found = await anyio.to_thread.run_sync(gather)
     except FleetError as e:
         return page(request, "error.html", 404 if isinstance(e, NotFound) else 400, error=e)
-    return page(request, "task.html", view="tasks", version=web.hub.version, **found)
+    return page(request, "task.html", view="tasks", version=version, **found)
 
 
 async def panel_events(request: Request) -> Response:
