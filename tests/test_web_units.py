@@ -156,8 +156,8 @@ def test_a_real_agents_question_is_answered_from_the_browser(unit: Box, chromium
 
 
 def test_kill_from_the_browser_ends_the_unit(unit: Box, chromium: Any) -> None:
-    task_id = unit("add", "sleepy", "--cwd", str(unit.project), "-d", "echo zzz-asleep; sleep 300")
-    task_id = task_id.stdout.strip()
+    added = unit("add", "sleepy", "--cwd", str(unit.project), "-d", "echo zzz-asleep; sleep 300")
+    task_id = added.stdout.strip()
     name = f"fleet-task@{task_id}.service"
     unit.box.wait_for(lambda: unit.active(name) == "active", 60, "the task running")
     page = logged_in(chromium, unit.login())

@@ -33,6 +33,13 @@ def install(env: Environment, web: Web) -> None:
     env.globals["now"] = time.time
 
 
+def _known(value: Any) -> Any:
+    """None for what a template does not have (a live figure not published yet)."""
+    from jinja2 import Undefined
+
+    return None if isinstance(value, Undefined) else value
+
+
 def _epoch(value: Any) -> float | None:
     from fleet.timeutil import parse
 
@@ -68,6 +75,7 @@ def stamp(value: Any) -> Markup:
 
 
 def thousands(value: Any) -> str:
+    value = _known(value)
     if value is None:
         return "-"
     n = float(value)
@@ -77,6 +85,7 @@ def thousands(value: Any) -> str:
 
 
 def money(value: Any) -> str:
+    value = _known(value)
     if value is None:
         return "-"
     amount = float(value)
@@ -84,10 +93,12 @@ def money(value: Any) -> str:
 
 
 def pct(value: Any) -> str:
+    value = _known(value)
     return "-" if value is None else f"{float(value):g}%"
 
 
 def duration(value: Any) -> str:
+    value = _known(value)
     if value is None:
         return "-"
     seconds = float(value)

@@ -1,8 +1,8 @@
 """One watch of the queue for every open page: inotify, never a timer.
 
 Invariants:
-- one inotify instance watches the state directory (fleet.db, its -wal, fleet.lock, which
-  every commit touches, and claim.last) and the live figures of running attempts (live/),
+- one inotify instance watches the state directory (fleet.lock, which every commit touches,
+  and claim.last) and the live figures of running attempts (live/*.json),
   read by the event loop itself (`add_reader`): no thread and no polling;
 - a burst of changes becomes one new `version` after SETTLE seconds of quiet (or at the
   latest MAX_DELAY after the first), so fifty pages cost one wake-up, not fifty;
@@ -21,8 +21,11 @@ from typing import Any
 
 from fleet.paths import Paths, ensure_dir
 
-# The names whose change means the picture may have changed (as `fleet status --watch`).
-WATCHED = frozenset({"fleet.db", "fleet.db-wal", "fleet.lock", "claim.last"})
+# The names in the state directory whose change means the picture may have changed: every
+# commit touches fleet.lock (fleet.store.sqlite), and fleet-claim rewrites claim.last. Not the
+# database files themselves: closing the last connection checkpoints the WAL, so the server's
+# own reads would wake it again, forever.
+WATCHED = frozenset({"fleet.lock", "claim.last"})
 SETTLE = 0.05
 MAX_DELAY = 0.25
 
@@ -35,6 +38,7 @@ class Hub:
         self._event = asyncio.Event()
         self._closing = asyncio.Event()
         self._inotify: Any = None
+        self._live = -1
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.TimerHandle | None = None
         self._first: float | None = None
@@ -52,8 +56,12 @@ class Hub:
         changes = (
             iflags.MODIFY | iflags.ATTRIB | iflags.CLOSE_WRITE | iflags.MOVED_TO | iflags.CREATE
         )
-        inotify.add_watch(ensure_dir(self.paths.home), changes | iflags.DELETE)
-        inotify.add_watch(ensure_dir(live.directory(self.paths)), changes | iflags.DELETE)
+        # Not CLOSE_WRITE in the state directory: every store opened (ours too) closes
+        # fleet.lock, opened for writing; a commit touches it (ATTRIB).
+        inotify.add_watch(ensure_dir(self.paths.home), iflags.ATTRIB | iflags.MOVED_TO)
+        self._live = inotify.add_watch(
+            ensure_dir(live.directory(self.paths)), changes | iflags.DELETE
+        )
         self._inotify = inotify
         self._loop.add_reader(inotify.fileno(), self._readable)
 
@@ -61,7 +69,7 @@ class Hub:
         assert self._loop is not None
         relevant = False
         for event in self._inotify.read(timeout=0):
-            if event.name in WATCHED or event.name.endswith(".json"):
+            if event.name.endswith(".json") if event.wd == self._live else event.name in WATCHED:
                 relevant = True
         if not relevant:
             return
