@@ -10,7 +10,11 @@ import click
 from fleet.cli.app import App, cli, pass_app
 
 
-@cli.group("web", invoke_without_command=True)
+@cli.group(
+    "web",
+    invoke_without_command=True,
+    short_help="Serve the web dashboard (fleet web url prints the login link).",
+)
 @click.option(
     "--listen",
     metavar="ADDRESS:PORT",
