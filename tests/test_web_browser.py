@@ -195,3 +195,78 @@ def test_the_server_stops_at_once_with_live_pages_open(
     assert "timeout graceful shutdown exceeded" not in log and "Traceback" not in log, log
     for page in pages:
         page.context.close()
+
+
+def _events(web: Server, path: str, cookie: str, last: str | None = None) -> Any:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=20)
+    headers = {"Cookie": cookie, "Accept": "text/event-stream"}
+    if last is not None:
+        headers["Last-Event-ID"] = last
+    conn.request("GET", path, headers=headers)
+    return conn, conn.getresponse()
+
+
+def _messages(response: Any, count: int) -> list[dict[str, str]]:
+    """The next `count` SSE messages of a stream, as their fields."""
+    found: list[dict[str, str]] = []
+    fields: dict[str, str] = {}
+    while len(found) < count:
+        line = response.fp.readline().decode().rstrip("\n")
+        if not line:
+            if "data" in fields:
+                found.append(fields)
+            fields = {}
+            continue
+        key, _, value = line.partition(": ")
+        fields[key] = fields[key] + "\n" + value if key in fields else value
+    return found
+
+
+def test_a_reconnecting_stream_resumes_after_its_last_event_id(
+    web: Server, fleet: Fleet, project: Path
+) -> None:
+    from fleet.eventlog import CURSOR, EventLog
+    from fleet.paths import resolve
+    from fleet.web.access import COOKIE, Keys
+
+    task_id = fleet.add("by hand", "--cwd", str(project))
+    directory = resolve().tasks / task_id
+    directory.mkdir(parents=True)
+    log = EventLog(directory)
+    for n in range(3):
+        log.append({"time": f"2026-12-01T10:00:0{n}Z", "message": f"old {n}", "event": "output"})
+    cookie = f"{COOKIE}={Keys(web.login.split('token=')[1]).session}"
+    conn, response = _events(web, f"/tasks/{task_id}/events", cookie)
+    (first,) = _messages(response, 1)
+    assert first["event"] == "lines" and first["data"].count('class="ln') == 3
+    journal, file = first["id"].split()
+    assert file.startswith(CURSOR) and journal == "-"  # no journal here: the event log's cursor
+    conn.close()
+    log.append({"time": "2026-12-01T10:00:05Z", "message": "new while away", "event": "output"})
+    conn, response = _events(web, f"/tasks/{task_id}/events", cookie, last=first["id"])
+    (again,) = _messages(response, 1)
+    assert again["data"].count('class="ln') == 1 and "new while away" in again["data"]
+    log.append({"time": "2026-12-01T10:00:06Z", "message": "and live", "event": "output"})
+    (live,) = _messages(response, 1)
+    assert "and live" in live["data"] and "new while away" not in live["data"]
+    conn.close()
+
+
+def test_no_other_command_imports_the_web_stack(fleet: Fleet) -> None:
+    import subprocess
+    import sys
+
+    for args in (["--help"], ["ls"], ["status"]):
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "fleet", *args],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        loaded = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
+        heavy = [
+            m
+            for m in loaded
+            if m.split(".")[0] in ("starlette", "uvicorn", "jinja2", "markdown_it")
+        ]
+        assert not heavy and not [m for m in loaded if m.startswith("fleet.web")], (args, heavy)

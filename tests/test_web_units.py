@@ -163,6 +163,9 @@ def test_kill_from_the_browser_ends_the_unit(unit: Box, chromium: Any) -> None:
     page = logged_in(chromium, unit.login())
     page.goto(f"{unit.base}/tasks/{task_id}")
     page.locator("#transcript .msg", has_text="zzz-asleep").wait_for(timeout=DEADLINE_MS)
+    # The stream's position is a journal cursor (and no event log: the journal has it all).
+    journal, file = str(page.locator("#transcript").get_attribute("data-last")).split()
+    assert journal.startswith("s=") and ";i=" in journal and file == "-"
     page.on("dialog", lambda dialog: dialog.accept())  # "Stop fl-…? Its whole process tree ends."
     page.locator("#panel button", has_text="Kill").click()
     page.locator(".flash.ok").wait_for(timeout=DEADLINE_MS)
