@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Fleet, run_in_background
+from tests.conftest import Fleet, fleet_run, run_in_background
 from tests.webrig import DESKTOP, PHONE, Server, Talker, browser, logged_in, server, shoot
 
 DEADLINE_MS = 20_000
@@ -150,6 +150,9 @@ def test_every_page_looks_right_on_a_desktop_and_a_phone(
     fleet.add("fix the flaky test", "--cwd", str(project), "-p", "1", "-d", "true")
     blocked = fleet.add("deploy to staging", "--cwd", str(project), "-d", "true")
     fleet.ok("block", blocked, "--reason", "needs the staging credentials")
+    for title, script in (("bump the version", "true"), ("run the linter", "exit 3")):
+        finished = fleet.add(title, "--cwd", str(project), "-d", script)
+        assert fleet_run(finished, project).returncode in (0, 1)  # figures for the analytics
     task_id, talker = talking(fleet, project, "refactor the parser")
     with run_in_background(task_id, project, tmp_path / "run.out"):
         for line in ("reading src/parser.py", "\x1b[32m✓\x1b[0m 42 tests pass", "writing plan"):

@@ -89,6 +89,8 @@ def money(value: Any) -> str:
     if value is None:
         return "-"
     amount = float(value)
+    if amount == 0:
+        return "$0"
     return f"${amount:.2f}" if amount >= 1 else f"${amount:.4f}"
 
 

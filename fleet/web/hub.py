@@ -28,6 +28,7 @@ from fleet.paths import Paths, ensure_dir
 WATCHED = frozenset({"fleet.lock", "claim.last"})
 SETTLE = 0.05
 MAX_DELAY = 0.25
+MAX_CACHED = 256  # pictures kept, one per view (a task's panel is one per task)
 
 
 class Hub:
@@ -117,6 +118,10 @@ class Hub:
             if cached is not None and cached[0] == version:
                 return cached[1]
             value = await anyio.to_thread.run_sync(compute)
+            if len(self._cache) >= MAX_CACHED:  # pages of tasks nobody watches any more
+                for old in [k for k, (v, _) in self._cache.items() if v < version]:
+                    del self._cache[old]
+                    self._locks.pop(old, None)
             self._cache[key] = (version, value)
             return value
 
