@@ -9,6 +9,7 @@ The same under systemd, with a real coder CLI and socket activation: test_web_un
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -273,3 +274,45 @@ def test_no_other_command_imports_the_web_stack(fleet: Fleet) -> None:
             if m.split(".")[0] in ("starlette", "uvicorn", "jinja2", "markdown_it")
         ]
         assert not heavy and not [m for m in loaded if m.startswith("fleet.web")], (args, heavy)
+
+
+def test_an_agent_cannot_answer_through_the_dashboard(
+    web: Server, fleet: Fleet, project: Path
+) -> None:
+    """Agents run as the user and can read the token: the request of a process that is an
+    agent (FLEET_TASK_ID set, as fleet-run gives its coder) is refused as `fleet answer`
+    refuses it, and a person's goes through."""
+    import subprocess
+    import sys
+
+    from fleet.model import QuestionKind
+    from fleet.paths import resolve
+    from fleet.store import open_store
+    from fleet.web.access import COOKIE, Keys
+
+    task_id = fleet.add("asks", "--cwd", str(project))
+    store = open_store(resolve())
+    try:
+        assert store.claim_task(task_id, "test-host", 60, "command", None) is not None
+        q = store.ask(task_id, QuestionKind.INPUT, "go?", [], False, "2099-01-01T00:00:00Z")
+    finally:
+        store.close()
+    keys = Keys(web.login.split("token=")[1])
+    post = (
+        "import http.client, sys\n"
+        f"c = http.client.HTTPConnection('127.0.0.1', {web.port})\n"
+        f"c.request('POST', '/questions/{q.id}/answer', body='text=yes',"
+        " headers={'Content-Type': 'application/x-www-form-urlencoded',"
+        f" 'Cookie': '{COOKIE}={keys.session}', 'X-CSRF-Token': '{keys.csrf}'}})\n"
+        "r = c.getresponse(); print(r.status); print(r.read().decode())\n"
+    )
+    agent = subprocess.run(
+        [sys.executable, "-c", post], capture_output=True, text=True, check=True,
+        env={**os.environ, "FLEET_TASK_ID": task_id},
+    )  # fmt: skip
+    assert agent.stdout.startswith("400") and "an agent cannot answer" in agent.stdout
+    assert json.loads(fleet.ok("questions", "--json"))[0]["id"] == q.id  # still pending
+    person = subprocess.run(
+        [sys.executable, "-c", post], capture_output=True, text=True, check=True
+    )
+    assert person.stdout.startswith("200"), person.stdout

@@ -85,8 +85,19 @@ async def answer(request: Request) -> Response:
     from fleet import questions
     from fleet.cli.questions import refuse_agents
 
+    client = (request.client.host, request.client.port) if request.client else None
+    server = request.scope.get("server")
+
     def do(app: App, form: Form) -> str:
+        from fleet.web import peer
+
         refuse_agents()
+        agent = peer.agent_at(client, server)
+        if agent is not None:
+            raise FleetError(
+                f"an agent cannot answer questions (this request comes from the agent of {agent})",
+                hint="a question waits for a person, who has been notified",
+            )
         q = app.store.question(app.store.resolve_question(request.path_params["qid"]))
         done = questions.give(app.paths, app.store, q, reply_of(q.kind, form, app.store.actor.by))
         return f"{done.id} answered ({done.answer}); {done.task} goes on."
