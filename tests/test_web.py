@@ -26,7 +26,7 @@ from fleet.store import open_store
 from fleet.store.base import OutgoingSpec
 from fleet.web import access, text
 from fleet.web.app import create
-from tests.conftest import Fleet
+from tests.conftest import Fleet, run_fleet
 
 BASE = "http://127.0.0.1:8768"
 
@@ -418,3 +418,24 @@ def test_text_rendering_units() -> None:
     assert "<strong>b</strong>" in md and "&lt;i&gt;raw&lt;/i&gt;" in md and "<a " not in md
     assert '<a href="https://a.example"' in str(text.markdown("[l](https://a.example)", True))
     assert 'class="d-add"' in str(text.diff("+new\n-old\n@@ x @@"))
+
+
+def test_listening_beyond_loopback_needs_the_setting(fleet: Fleet) -> None:
+    refused = fleet("web", "--listen", "0.0.0.0:8768")
+    assert refused.code == 5 and "other hosts can reach" in refused.err
+    assert "web_allow_remote=true" in refused.err
+    bad = fleet("web", "--listen", "nowhere")
+    assert bad.code == 2 and "is not ADDRESS:PORT" in bad.err
+    assert fleet("config", "set", "web_listen=0.0.0.0:8768").code == 0
+    assert fleet("setup", "--web", "--dry-run").code == 5  # refused before anything is written
+
+
+def test_setup_renders_the_socket_and_its_service(fleet: Fleet) -> None:
+    done = run_fleet("setup", "--web", "--dry-run")  # the installed programs: their paths
+    assert done.code == 0, done.err
+    out = done.out
+    assert "ListenStream=127.0.0.1:8768" in out and "WantedBy=sockets.target" in out
+    assert "fleet web\n" in out and "Requires=fleet-web.socket" in out and "Type=notify" in out
+    fleet.ok("config", "set", "web_listen=/run/fleet/web.sock")
+    out = run_fleet("setup", "--web", "--dry-run").out
+    assert "ListenStream=/run/fleet/web.sock" in out and "SocketMode=0600" in out
