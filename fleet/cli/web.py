@@ -55,6 +55,8 @@ def serve(app: App, listen_text: str | None, open_browser: bool) -> None:
     from fleet.web.app import create
 
     config = app.config
+    # The token before the socket: once it listens, `fleet web url` must find the same one.
+    keys = access.Keys(access.load_token(app.paths))
     sock = server.activated()
     if sock is None:
         listen = server.parse(listen_text or config.get_str("web_listen"))
@@ -63,7 +65,6 @@ def serve(app: App, listen_text: str | None, open_browser: bool) -> None:
     else:
         listen = server.where(sock)
         server.check(listen, config.get_bool("web_allow_remote"))
-    keys = access.Keys(access.load_token(app.paths))
     hosts = access.allowed_hosts(listen.host, listen.port, config.values["web_hosts"])
     application = create(app.paths, keys, hosts)
     state = application.app.state.web

@@ -52,7 +52,19 @@ def load_token(paths: Paths, new: bool = False) -> str:
     state_dir(paths.home)
     token = secrets.token_urlsafe(32)
     try:
-        write_atomic(path, (token + "\n").encode())
+        if new:
+            write_atomic(path, (token + "\n").encode())
+            return token
+        # The first to make it wins (`fleet web` and `fleet web url` may start together):
+        # written beside it, then linked into place, which fails if it is there already.
+        spare = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        write_atomic(spare, (token + "\n").encode())
+        try:
+            os.link(spare, path)
+        except FileExistsError:
+            token = _read(path)
+        finally:
+            spare.unlink(missing_ok=True)
     except OSError as e:
         raise StoreError(f"cannot write {path}: {e.strerror}") from e
     return token
