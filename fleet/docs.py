@@ -559,6 +559,10 @@ def command_page(ctx: click.Context, name: str, refs: Sequence[tuple[str, str]])
     synopses = [r for _, sub in subs for r in [*synopsis(sub), ".br"]][:-1]
     if subs:
         body = [[macro("SH", "COMMANDS"), *(r for _, sub in subs for r in command_details(sub))]]
+        if isinstance(ctx.command, click.Group) and ctx.command.invoke_without_command:
+            # A group that also runs by itself (`fleet web`): its own options first.
+            synopses = [*synopsis(ctx), ".br", *synopses]
+            body.insert(0, [macro("SH", "OPTIONS"), *option_list(ctx)])
     else:
         args = argument_list(ctx)
         body = [[macro("SH", "ARGUMENTS"), *args]] if args else []

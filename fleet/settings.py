@@ -476,6 +476,38 @@ SETTINGS: tuple[Setting, ...] = (
         "Coder of the tasks that /new adds from Telegram; empty: default_coder.",
     ),
     Setting(
+        "web_listen",
+        "str",
+        "127.0.0.1:8768",
+        "Where `fleet web` and fleet-web.socket listen: ADDRESS:PORT (IPv6 in brackets,"
+        " [::1]:8768) or the absolute path of a Unix socket. An address other than loopback"
+        " also needs web_allow_remote; put a TLS proxy in front of it.",
+        pattern=r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}|/\S+",
+        example="127.0.0.1:8768, [::1]:8768 or /run/fleet/web.sock",
+    ),
+    Setting(
+        "web_allow_remote",
+        "bool",
+        False,
+        "Let `fleet web` listen on an address other than loopback (every other host can then"
+        " reach it: serve it behind a TLS proxy, and add the name people use to web_hosts).",
+    ),
+    Setting(
+        "web_hosts",
+        "list",
+        [],
+        "Host names the dashboard answers to besides the address it listens on and"
+        " localhost (the name of a proxy in front of it); any other Host header is refused,"
+        " which defeats DNS rebinding.",
+    ),
+    Setting(
+        "web_links",
+        "bool",
+        False,
+        "Make http(s) links in transcripts and artifacts clickable in the dashboard (they"
+        " are the agent's output: by default they are shown as text only).",
+    ),
+    Setting(
         "telegram_poll_seconds",
         "int",
         30,
@@ -536,17 +568,18 @@ def template() -> str:
         "",
     ]
     for s in SETTINGS:
-        lines += [f"# {s.help}", f"# {s.name} = {_toml(s.default)}", ""]
+        lines += [f"# {s.help}", f"# {s.name} = {toml_value(s.default)}", ""]
     lines += [
         "# Per-coder settings, one table per coder: " + ", ".join(BUILTIN_CODERS) + ".",
         "# [coders.claude]",
     ]
     for s in CODER_SETTINGS:
-        lines += [f"# {s.help}", f"# {s.name} = {_toml(s.default)}"]
+        lines += [f"# {s.help}", f"# {s.name} = {toml_value(s.default)}"]
     return "\n".join(lines) + "\n"
 
 
-def _toml(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """`value` as TOML writes it (the text `config set KEY=TEXT` takes back)."""
     import tomlkit
 
     if isinstance(value, dict):

@@ -4,9 +4,10 @@ Invariants:
 - `snapshot()` is the one place the picture is put together, as a plain JSON-able dict whose
   keys are `FIELDS` (documented in fleet(1), only ever added to): `fleet status` prints it,
   `fleet status --json` dumps it, and the web dashboard and chat bots call the same function;
-- it only reads: the store (counts, gates, gauges, questions, claims), each running attempt's
-  live figures (fleet.live), the last dispatch pass (fleet.claim) and, when this queue's units
-  are installed, one `systemctl show` for the dispatcher's units and the running tasks' units;
+- it only reads: the store (counts, gates, gauges, questions, claims, the notification spool),
+  each running attempt's live figures (fleet.live), the last dispatch pass (fleet.claim) and,
+  when this queue's units are installed, one `systemctl show` for the dispatcher's units and
+  the running tasks' units;
 - a ready task that a gate holds (the pause, its coder's rate limit or daily budget) is `held`,
   never counted as ready: `hold_reason` says why, for `fleet status`, `fleet ready` and `ls`.
 """
@@ -76,6 +77,11 @@ FIELDS: tuple[Field, ...] = (
         " tokens_in, tokens_out, cache_read, cache_write, cost, cost_source, last_tool,"
         " question (the id it waits on, or null), asking (the question, or null), lease_until,"
         " unit_state and unit_status (systemd's, or null), updated_at (of the live figures)",
+    ),
+    Field(
+        "undelivered",
+        "int",
+        "notifications that wait in the spool, not delivered yet (fleet doctor says why)",
     ),
     Field("units", "object", "the dispatcher's health: the keys below"),
     Field(
@@ -305,6 +311,7 @@ def snapshot(
             for q in store.questions()
         ],
         "running": _running(paths, store, claimed, unit_states),
+        "undelivered": store.spooled(),  # what fleet.alerts.undelivered counts
         "units": health,
     }
 
@@ -420,6 +427,9 @@ def text(snap: Mapping[str, Any]) -> str:
             for r in snap["running"]
         ],
     )
+    if snap["undelivered"]:
+        n = snap["undelivered"]
+        lines += ["", f"NOTIFICATIONS: {n} undelivered, waiting in the spool (fleet doctor)"]
     units = snap["units"]
     if units.get("installed"):
         parts = [

@@ -26,6 +26,7 @@ class Install(NamedTuple):
     bindir: Path
     run_as: str | None = None
     telegram: bool = False  # fleet-telegram.service too
+    web: bool = False  # fleet-web.socket and fleet-web.service too
 
 
 def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
@@ -131,6 +132,8 @@ def render(inst: Install, config: Config) -> dict[str, str]:
     }
     if inst.telegram:
         units[TELEGRAM] = _telegram(inst, config, user, target)
+    if inst.web:
+        units.update(_web(inst, config, user))
     return {name: STAMP + "\n" + "\n".join(lines) + "\n" for name, lines in units.items()}
 
 
@@ -169,6 +172,57 @@ def _telegram(inst: Install, config: Config, user: list[str], target: str) -> li
         "[Install]",
         f"WantedBy={target}",
     ]
+
+
+WEB_SOCKET = "fleet-web.socket"
+WEB_SERVICE = "fleet-web.service"
+
+
+def _web(inst: Install, config: Config, user: list[str]) -> dict[str, list[str]]:
+    """fleet-web.socket listens on web_listen and starts fleet-web.service on the first
+    connection, handing it the listening socket (`fleet web` takes it from LISTEN_FDS)."""
+    from fleet.web.serve import parse
+
+    listen = parse(config.get_str("web_listen"))
+    if listen.path is not None:
+        where = [f"ListenStream={listen.path}", "SocketMode=0600"]
+        if inst.run_as and inst.scope == "system":
+            where.append(f"SocketUser={inst.run_as}")
+    else:
+        host = f"[{listen.host}]" if listen.host and ":" in listen.host else listen.host
+        where = [f"ListenStream={host}:{listen.port}", "FreeBind=yes"]
+    target = "sockets.target"
+    return {
+        WEB_SOCKET: [
+            "[Unit]",
+            "Description=fleet web dashboard (socket)",
+            "Documentation=man:fleet(1)",
+            "",
+            "[Socket]",
+            *where,
+            "NoDelay=yes",
+            "",
+            "[Install]",
+            f"WantedBy={target}",
+        ],
+        WEB_SERVICE: [
+            "[Unit]",
+            "Description=fleet web dashboard",
+            "Documentation=man:fleet(1)",
+            f"Requires={WEB_SOCKET}",
+            f"After={WEB_SOCKET}",
+            "",
+            "[Service]",
+            "Type=notify",
+            "NotifyAccess=main",
+            _environment(inst),
+            *user,
+            f"ExecStart={inst.bindir}/fleet web",
+            "Restart=on-failure",
+            "RestartSec=2s",
+            "TimeoutStopSec=15",
+        ],
+    }
 
 
 ENABLED = ("fleet-claim.path", "fleet-claim.timer")
@@ -234,6 +288,6 @@ def reference() -> dict[str, str]:
     from fleet.config import defaults
 
     paths = Paths("system", Path("/var/lib/fleet"), Path("/etc/fleet/config.toml"))
-    install = Install("system", paths, Path("/usr/bin"), telegram=True)
+    install = Install("system", paths, Path("/usr/bin"), telegram=True, web=True)
     units = render(install, defaults(paths.config_file))
     return {**units, CATALOG_FILE: catalog()}

@@ -50,6 +50,21 @@ EXPECTED = (
     r"fleet stats --by coder --by day, 2000 attempts: median [\d.]+ s \(target <= 1 s" + MET,
     r"fleet stats --json, 2000 attempts: median [\d.]+ s \(target <= 1 s" + MET,
     r"fleet metrics, 2000 attempts: median [\d.]+ s \(no target\)",
+    *(
+        rf"page {page}, 200 tasks, server time: median [\d.]+ ms \(target <= 200 ms" + MET
+        for page in (
+            "/",
+            "/tasks",
+            r"/tasks\?q=job\+42",
+            "/questions",
+            "/analytics",
+            "/config",
+            "/tasks/ID",
+        )
+    ),
+    r"50 live pages open, idle for 3 s: fleet web CPU: median [\d.]+ % \(target <= 1 %" + MET,
+    r"fleet web RSS with 50 live pages open: median [\d.]+ MB \(target <= 80 MB" + MET,
+    r"agent prints a line -> visible in the browser: median [\d.]+ ms \(target <= 300 ms" + MET,
 )
 
 
@@ -68,6 +83,7 @@ def test_quick_benchmarks_print_every_figure() -> None:
             "telegram",
             "status",
             "stats",
+            "web",
         ],
         cwd=ROOT,
         capture_output=True,

@@ -158,9 +158,9 @@ def add(
     with --after is done.
     """
     from fleet import inputs
-    from fleet.store.base import BadSpec
 
     lines: list[int] = []
+    source = ""
     if batch is not None and (parent is not None or parent_waits):
         raise InputError(
             "--parent and --parent-waits do not apply to --batch",
@@ -195,40 +195,12 @@ def add(
     else:
         if title is None:
             raise InputError("missing TITLE", hint='fleet add "what to do" --cwd DIR')
-        directory = inputs.cwd(cwd) if cwd or parent is None else app.store.get(parent).cwd
-        if parent is not None:
-            isolation, base, merge = inherit(
-                app.store.get(parent), directory, isolation, base, merge
-            )
-        isolation, base = isolate(app, directory, isolation, base, merge, "--")
-        specs = [
-            TaskSpec(
-                title=inputs.title(title),
-                description=inputs.description(description),
-                cwd=directory,
-                coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
-                model=inputs.name("model", model) if model else None,
-                priority=priority,
-                labels=tuple(dict.fromkeys(inputs.label(x) for x in labels)),
-                after=tuple(dict.fromkeys(after)),
-                parent=parent,
-                isolation=isolation,
-                base=base,
-                merge=merge,
-                parent_waits=parent_waits,
-                max_cost_usd=max_cost,
-                max_tokens=max_tokens,
-            )
-        ]
-    try:
-        tasks = app.store.add(specs)
-    except BadSpec as e:
-        if not lines:
-            raise
-        raise InputError(f"{source} line {lines[e.index]}: {e.message}", e.hint) from None
-    from fleet.claim import dispatch_or_wake
-
-    dispatch_or_wake(app.paths, app.store)
+        one = One(
+            title, inputs.description(description), cwd, coder, model, priority, after, labels,
+            parent, parent_waits, isolation, base, merge, max_cost, max_tokens,
+        )  # fmt: skip
+        specs = [spec_of(app, one)]
+    tasks = add_tasks(app, specs, lines, source)
     out = fmt_of(fmt)
     if out == "table":
         sys.stdout.write("".join(t.id + "\n" for t in tasks))
@@ -236,6 +208,75 @@ def add(
         emit_object(tasks[0].to_json())
     else:
         emit_objects((t.to_json() for t in tasks), out)
+
+
+class One(NamedTuple):
+    """One task as `fleet add TITLE` takes it (the description is the text itself)."""
+
+    title: str
+    description: str = ""
+    cwd: str | None = None
+    coder: str | None = None
+    model: str | None = None
+    priority: int = DEFAULT_PRIORITY
+    after: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    parent: str | None = None
+    parent_waits: bool = False
+    isolation: str | None = None
+    base: str | None = None
+    merge: str | None = None
+    max_cost: float | None = None
+    max_tokens: int | None = None
+
+
+def spec_of(app: App, one: One) -> TaskSpec:
+    """The task `one` asks for, checked: where it works (its parent's place unless told),
+    its isolation against git, its coder against the configuration."""
+    from fleet import inputs
+
+    parent = one.parent
+    directory = inputs.cwd(one.cwd) if one.cwd or parent is None else app.store.get(parent).cwd
+    isolation, base, merge = one.isolation, one.base, one.merge
+    if parent is not None:
+        isolation, base, merge = inherit(app.store.get(parent), directory, isolation, base, merge)
+    isolation, base = isolate(app, directory, isolation, base, merge, "--")
+    coder, model = one.coder, one.model
+    return TaskSpec(
+        title=inputs.title(one.title),
+        description=one.description,
+        cwd=directory,
+        coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
+        model=inputs.name("model", model) if model else None,
+        priority=one.priority,
+        labels=tuple(dict.fromkeys(inputs.label(x) for x in one.labels)),
+        after=tuple(dict.fromkeys(one.after)),
+        parent=parent,
+        isolation=isolation,
+        base=base,
+        merge=merge,
+        parent_waits=one.parent_waits,
+        max_cost_usd=one.max_cost,
+        max_tokens=one.max_tokens,
+    )
+
+
+def add_tasks(
+    app: App, specs: list[TaskSpec], lines: list[int] | None = None, source: str = ""
+) -> list[Task]:
+    """Add all of `specs` or none (a bad one of a batch named by its line in `source`), then
+    start what may start."""
+    from fleet.claim import dispatch_or_wake
+    from fleet.store.base import BadSpec
+
+    try:
+        tasks = app.store.add(specs)
+    except BadSpec as e:
+        if not lines:
+            raise
+        raise InputError(f"{source} line {lines[e.index]}: {e.message}", e.hint) from None
+    dispatch_or_wake(app.paths, app.store)
+    return tasks
 
 
 def inherit(
@@ -276,7 +317,6 @@ def isolate(
 
 def read_batch(app: App, source: str, defaults: Defaults) -> tuple[list[TaskSpec], list[int]]:
     """Parse JSON lines into specs and their line numbers; any bad line rejects the batch."""
-    from fleet import inputs
 
     name = "standard input" if source == "-" else source
     if source == "-":
@@ -287,6 +327,16 @@ def read_batch(app: App, source: str, defaults: Defaults) -> tuple[list[TaskSpec
                 data = f.read(MAX_BATCH + 1)
         except OSError as e:
             raise InputError(f"cannot read batch file {source}: {e.strerror}") from None
+    return parse_batch(app, name, data, defaults)
+
+
+def parse_batch(
+    app: App, name: str, data: bytes, defaults: Defaults
+) -> tuple[list[TaskSpec], list[int]]:
+    """The specs of a batch's JSON lines (`name` says where they came from) and their line
+    numbers; any bad line rejects the batch."""
+    from fleet import inputs
+
     if len(data) > MAX_BATCH:
         raise InputError(
             f"{name} is larger than {MAX_BATCH >> 20} MiB", hint="split it into several batches"

@@ -28,11 +28,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class App:
-    def __init__(self, scope: Scope | None = None, overrides: tuple[str, ...] = ()) -> None:
+    """`paths`, `store` given: what another front end (the web dashboard) already opened."""
+
+    def __init__(
+        self,
+        scope: Scope | None = None,
+        overrides: tuple[str, ...] = (),
+        paths: Paths | None = None,
+        store: Store | None = None,
+    ) -> None:
         self.scope = scope
         self.overrides = overrides
-        self._paths: Paths | None = None
-        self._store: Store | None = None
+        self._paths = paths
+        self._store = store
         self._config: Config | None = None
 
     @property
@@ -206,6 +214,7 @@ MODULES = {
     "suspend": "suspend",
     "tree": "lineage",
     "wait": "control",
+    "web": "web",
 }
 
 

@@ -7,6 +7,7 @@ the task's current status does not allow the change.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 import click
 
@@ -84,6 +85,34 @@ def edit(
     """
     from fleet import inputs
 
+    text = inputs.description(description) if description is not None else None
+    change = edit_of(
+        app, title, text, cwd, coder, model, priority, labels, unlabel, after, not_after, parent,
+        max_cost, max_tokens,
+    )  # fmt: skip
+    _done(edit_task(app, task_id, change), as_json)
+
+
+def edit_of(
+    app: App,
+    title: str | None,
+    description: str | None,
+    cwd: str | None,
+    coder: str | None,
+    model: str | None,
+    priority: int | None,
+    labels: Sequence[str] = (),
+    unlabel: Sequence[str] = (),
+    after: Sequence[str] = (),
+    not_after: Sequence[str] = (),
+    parent: str | None = None,
+    max_cost: str | None = None,
+    max_tokens: str | None = None,
+) -> TaskEdit:
+    """The change `fleet edit` makes of its options, each checked (None leaves a field alone,
+    "" clears coder, model and the budgets); `description` is the text itself."""
+    from fleet import inputs
+
     emptied = (
         ("coder", coder),
         ("model", model),
@@ -93,7 +122,7 @@ def edit(
     clear = frozenset(name for name, value in emptied if value == "")
     change = TaskEdit(
         title=inputs.title(title) if title is not None else None,
-        description=inputs.description(description) if description is not None else None,
+        description=description,
         cwd=inputs.cwd(cwd) if cwd is not None else None,
         coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
         model=inputs.name("model", model) if model else None,
@@ -101,15 +130,19 @@ def edit(
         parent=parent,
         add_labels=tuple(inputs.label(x) for x in labels),
         remove_labels=tuple(unlabel),
-        add_after=after,
-        remove_after=not_after,
+        add_after=tuple(after),
+        remove_after=tuple(not_after),
         clear=clear,
         max_cost_usd=inputs.amount("--max-cost", max_cost) if max_cost else None,
         max_tokens=inputs.count("--max-tokens", max_tokens) if max_tokens else None,
     )
+    return change
+
+
+def edit_task(app: App, task_id: str, change: TaskEdit) -> Task:
     if change == TaskEdit(clear=frozenset()):
         raise InputError("nothing to change", hint="see `fleet edit --help` for the options")
-    _done(app.store.edit(task_id, change), as_json)
+    return app.store.edit(task_id, change)
 
 
 @cli.command("close")
@@ -156,6 +189,10 @@ def block(app: App, task_id: str, reason: str, as_json: bool) -> None:
 @pass_app
 def retry(app: App, task_id: str, as_json: bool) -> None:
     """Put a blocked, done or cancelled task back to ready, with its counters reset."""
+    _done(retry_task(app, task_id), as_json)
+
+
+def retry_task(app: App, task_id: str) -> Task:
     from fleet.claim import dispatch_or_wake
 
     try:
@@ -163,7 +200,7 @@ def retry(app: App, task_id: str, as_json: bool) -> None:
     except Conflict as e:
         raise _pointed(app, task_id, "retry", e) from None
     dispatch_or_wake(app.paths, app.store)
-    _done(task, as_json)
+    return task
 
 
 @cli.command()
@@ -174,13 +211,17 @@ def retry(app: App, task_id: str, as_json: bool) -> None:
 def cancel(app: App, task_id: str, reason: str | None, as_json: bool) -> None:
     """Withdraw a task: it is never claimed again unless retried. A running attempt is
     stopped."""
+    _done(cancel_task(app, task_id, reason), as_json)
+
+
+def cancel_task(app: App, task_id: str, reason: str | None, block: bool = True) -> Task:
     from fleet import inputs, systemd
 
     task = app.store.cancel(task_id, inputs.reason(reason) if reason else None)
     if task.claimed_by is not None:
-        systemd.stop(systemd.scope_for(app.paths), [task.id])
+        systemd.stop(systemd.scope_for(app.paths), [task.id], block=block)
         task = app.store.get(task.id)
-    _done(task, as_json)
+    return task
 
 
 def _pointed(app: App, task_id: str, verb: str, refused: Conflict) -> Conflict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -64,6 +65,11 @@ def config_set(app: App, assignments: tuple[str, ...]) -> None:
     default_coder must exist), concurrent edits wait for each other, and a config.toml that is
     a symlink is written where it points.
     """
+    set_keys(app, assignments)
+
+
+def set_keys(app: App, assignments: Sequence[str]) -> None:
+    """Set KEY=VALUE assignments in the file, all or none, and wake the dispatcher."""
     from fleet import wake
     from fleet.config import edit
 

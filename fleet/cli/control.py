@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 
 import click
 
@@ -22,12 +23,17 @@ def kill(app: App, task_ids: tuple[str, ...], no_block: bool) -> None:
     """Stop running tasks: the whole process tree of each agent ends, and the task is blocked
     as stopped by a person.
     """
+    kill_tasks(app, task_ids, block=not no_block)
+
+
+def kill_tasks(app: App, task_ids: Sequence[str], block: bool = True) -> None:
+    """Stop the units of running tasks (all or none: Conflict if one is not running)."""
     from fleet import systemd
 
     idle = [t for t in task_ids if app.store.get(t).claimed_by is None]
     if idle:
         raise Conflict(f"not running: {' '.join(idle)}", hint="only running tasks can be killed")
-    systemd.stop(systemd.scope_for(app.paths), list(task_ids), block=not no_block)
+    systemd.stop(systemd.scope_for(app.paths), list(task_ids), block=block)
 
 
 @cli.command()
@@ -35,6 +41,10 @@ def kill(app: App, task_ids: tuple[str, ...], no_block: bool) -> None:
 @pass_app
 def pause(app: App, reason: str | None) -> None:
     """Stop starting new tasks; running tasks go on."""
+    pause_queue(app, reason)
+
+
+def pause_queue(app: App, reason: str | None) -> None:
     from fleet import inputs
 
     app.store.set_gate("pause", None, inputs.reason(reason) or None if reason else None)
@@ -55,19 +65,32 @@ def resume(app: App, task_id: str | None, checkpoint: int | None) -> None:
     again: its next attempt resumes the coder's session of the checkpoint (`fleet checkpoints
     ID`), or starts a fresh one whose prompt carries the checkpoint's summary.
     """
-    from fleet.claim import dispatch_or_wake
-
     if task_id is None:
         if checkpoint is not None:
             raise InputError(
                 "--from needs the ID of a suspended task", hint="fleet resume ID --from N"
             )
-        app.store.clear_gate("pause")
-        dispatch_or_wake(app.paths, app.store)
+        resume_queue(app)
         return
-    app.store.resume_task(task_id, checkpoint)
-    dispatch_or_wake(app.paths, app.store)
+    resume_task(app, task_id, checkpoint)
     sys.stdout.write(task_id + "\n")
+
+
+def resume_queue(app: App) -> None:
+    """Lift the pause, and start what may start."""
+    from fleet.claim import dispatch_or_wake
+
+    app.store.clear_gate("pause")
+    dispatch_or_wake(app.paths, app.store)
+
+
+def resume_task(app: App, task_id: str, checkpoint: int | None) -> Task:
+    """A suspended task ready again (from `checkpoint`, by default its newest)."""
+    from fleet.claim import dispatch_or_wake
+
+    task = app.store.resume_task(task_id, checkpoint)
+    dispatch_or_wake(app.paths, app.store)
+    return task
 
 
 # Suspended, like blocked, waits for a person. A handed-off task is followed to its successor
@@ -165,6 +188,14 @@ def merge_cmd(app: App, task_id: str, strategy: str | None) -> None:
     without having been merged. Prints what happened; exits 1 if the task still waits or is
     blocked, with the reason.
     """
+    from fleet.output import emit_text
+
+    emit_text(merge_task(app, task_id, strategy))
+
+
+def merge_task(app: App, task_id: str, strategy: str | None) -> str:
+    """Merge a worktree task's branch back now; what happened, or FleetError if it still waits
+    or is blocked."""
     from fleet import merge, wake
 
     task = merge.request(app.paths, app.store, app.config, task_id, strategy)
@@ -178,13 +209,8 @@ def merge_cmd(app: App, task_id: str, strategy: str | None) -> None:
             f"{task.id} is {task.status}: {task.reason}",
             hint=f"once that is resolved on {task.branch}: fleet merge {task.id}",
         )
-    from fleet.output import emit_text
-
     wake.poke(app.paths)  # tasks that waited on this one may start
     if task.merge_state == "branch":
-        emit_text(f"{task.id}: {task.merge_reason}")
-    else:
-        into = f"{task.base} is at {(task.merged_commit or '')[:12]}"
-        emit_text(
-            f"{task.id}: merged, {into}" + (f" ({task.merge_reason})" if task.merge_reason else "")
-        )
+        return f"{task.id}: {task.merge_reason}"
+    into = f"{task.base} is at {(task.merged_commit or '')[:12]}"
+    return f"{task.id}: merged, {into}" + (f" ({task.merge_reason})" if task.merge_reason else "")

@@ -14,7 +14,7 @@ import click
 
 from fleet.cli.app import TASK, App, cli, coder_options, pass_app
 from fleet.errors import InputError
-from fleet.model import TaskSpec
+from fleet.model import Task, TaskSpec
 from fleet.output import (
     emit_object,
     emit_objects,
@@ -51,19 +51,28 @@ def handoff(
     successor's id;
     a refused handoff changes nothing and exits non-zero.
     """
-    from fleet import inputs, lineage, wake
-    from fleet.cli.suspend import _stop
+    from fleet import inputs
 
-    coder, model = lineage.target(to)
     text = inputs.description(context) if context is not None else None
-    successor = lineage.handoff(app.store, app.config, task_id, coder, model, text)
-    if app.store.get(task_id).claimed_by is not None:
-        _stop(app, task_id, block=not no_block)
-    wake.poke(app.paths)
+    successor = handoff_task(app, task_id, to, text, block=not no_block)
     if as_json:
         emit_object(successor.to_json())
     else:
         sys.stdout.write(successor.id + "\n")
+
+
+def handoff_task(app: App, task_id: str, to: str, context: str | None, block: bool = True) -> Task:
+    """Hand the task over to `to` (CODER[:MODEL]) with `context` (checked text); the
+    successor. A running attempt of the original is stopped."""
+    from fleet import lineage, wake
+    from fleet.cli.suspend import _stop
+
+    coder, model = lineage.target(to)
+    successor = lineage.handoff(app.store, app.config, task_id, coder, model, context)
+    if app.store.get(task_id).claimed_by is not None:
+        _stop(app, task_id, block=block)
+    wake.poke(app.paths)
+    return successor
 
 
 @cli.command("merge-tasks")

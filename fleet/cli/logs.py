@@ -14,12 +14,15 @@ import sys
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
 from fleet.cli.app import TASK, App, cli, count, pass_app
 from fleet.errors import FleetError, InputError
+
+if TYPE_CHECKING:
+    from fleet.paths import Scope
 
 FIELDS = {
     "FLEET_ATTEMPT": "attempt",
@@ -142,10 +145,16 @@ class Printer:
 
 
 def journal_argv(
-    app: App, task_id: str, attempt: int | None, lines: int | None, follow: bool, cursor: str | None
+    scope: Scope,
+    task_id: str,
+    attempt: int | None,
+    lines: int | None,
+    follow: bool,
+    cursor: str | None,
 ) -> list[str]:
+    """journalctl's arguments for the task's entries (in `scope`'s journal)."""
     argv = ["journalctl", "--no-pager", "--all", "-o", "json"]
-    if app.paths.scope == "user" and os.getuid() != 0:
+    if scope == "user" and os.getuid() != 0:
         argv.append("--user")
     if cursor is not None:
         argv.append(f"--after-cursor={cursor}")
@@ -210,7 +219,7 @@ def logs(
 
     saved = Cursors.load(cursor_file)
     directory = taskdir.task_dir(app.paths, task_id)
-    argv = journal_argv(app, task_id, attempt, lines, follow, saved.journal)
+    argv = journal_argv(app.paths.scope, task_id, attempt, lines, follow, saved.journal)
     printer = Printer(as_json, cursor_file, saved)
     if follow:
         _follow(argv, directory, saved.file, attempt, lines, printer)

@@ -53,6 +53,12 @@ def _bindir() -> Path:
     help="Also install and start fleet-telegram.service (telegram_token_file and telegram_chats"
     " must be set); kept by later runs without it.",
 )
+@click.option(
+    "--web",
+    is_flag=True,
+    help="Also install fleet-web.socket and fleet-web.service, the dashboard, started on the"
+    " first request to web_listen; kept by later runs without it.",
+)
 @click.option("-n", "--dry-run", is_flag=True, help="Print the units instead of installing them.")
 @click.option("--uninstall", is_flag=True, help="Stop, disable and remove fleet's units.")
 @pass_app
@@ -61,6 +67,7 @@ def setup(
     scope: str | None,
     run_as: str | None,
     telegram: bool,
+    web: bool,
     dry_run: bool,
     uninstall: bool,
 ) -> None:
@@ -68,17 +75,21 @@ def setup(
 
     Renders fleet-task@.service, fleet.slice and fleet-claim.{service,path,timer} (and with
     --telegram fleet-telegram.service) with the absolute paths of these programs and the
-    FLEET_HOME in use, reloads systemd, and enables the path and timer units. Running it again
-    updates them; it is always safe.
+    FLEET_HOME in use, reloads systemd, and enables the path and timer units (with --web
+    also fleet-web.socket and fleet-web.service). Running it again updates them; it is always
+    safe.
     """
-    from fleet.units import TELEGRAM, Install, render, unit_dir
+    from fleet.units import TELEGRAM, WEB_SOCKET, Install, render, unit_dir
 
     chosen = _scope(app, scope)
     target = unit_dir(chosen)
     if telegram and not uninstall:
         _check_telegram(app.config)
     telegram = telegram or uninstall or (target / TELEGRAM).exists()
-    inst = Install(chosen, app.paths, _bindir(), run_as, telegram)
+    web = web or uninstall or (target / WEB_SOCKET).exists()
+    if web and not uninstall:
+        _check_web(app.config)
+    inst = Install(chosen, app.paths, _bindir(), run_as, telegram, web)
     units = render(inst, app.config)
     if dry_run:
         for name, text in units.items():
@@ -110,11 +121,20 @@ def _check_telegram(config: Config) -> None:
     token.load(config)
 
 
+def _check_web(config: Config) -> None:
+    """web_listen is an address the dashboard may listen on."""
+    from fleet.web import serve
+
+    serve.check(serve.parse(config.get_str("web_listen")), config.get_bool("web_allow_remote"))
+
+
 def _uninstall(scope: Scope, target: Path, units: dict[str, str]) -> None:
     from fleet import systemd
-    from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM
+    from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM, WEB_SERVICE, WEB_SOCKET
 
-    systemd.systemctl(scope, "disable", "--now", *ENABLED, TELEGRAM, check=False)
+    systemd.systemctl(
+        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, check=False
+    )
     for name in units:
         (target / name).unlink(missing_ok=True)
     if scope == "system":
@@ -128,7 +148,15 @@ def _install(app: App, scope: Scope, target: Path, units: dict[str, str]) -> Non
     from fleet.fsutil import write_atomic
     from fleet.paths import ensure_dir
     from fleet.proc import run
-    from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM, catalog
+    from fleet.units import (
+        CATALOG_DIR,
+        CATALOG_FILE,
+        ENABLED,
+        TELEGRAM,
+        WEB_SERVICE,
+        WEB_SOCKET,
+        catalog,
+    )
     from fleet.wake import wake_dir
 
     ensure_dir(wake_dir(app.paths))  # fleet-claim.path watches it
@@ -149,6 +177,13 @@ def _install(app: App, scope: Scope, target: Path, units: dict[str, str]) -> Non
         systemd.systemctl(scope, "enable", TELEGRAM)
         systemd.systemctl(scope, "restart", TELEGRAM)
         started = f"; {TELEGRAM} started"
+    if WEB_SOCKET in units:
+        # Listening anew on web_listen; a running dashboard stops with it (it Requires= the
+        # socket) and the next request starts the new one.
+        systemd.systemctl(scope, "enable", WEB_SOCKET)
+        systemd.systemctl(scope, "stop", WEB_SERVICE, check=False)
+        systemd.systemctl(scope, "restart", WEB_SOCKET)
+        started += f"; {WEB_SOCKET} listening (fleet web url prints the login link)"
     click.echo(
         f"installed {len(units)} units in {target}; fleet-claim.path and .timer enabled{started}"
     )
@@ -160,7 +195,7 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     from fleet import systemd
     from fleet.config import load
     from fleet.store import open_store
-    from fleet.units import ENABLED, TELEGRAM, Install, render, unit_dir
+    from fleet.units import ENABLED, TELEGRAM, WEB_SOCKET, Install, render, unit_dir
 
     results: list[tuple[bool, str, str, str]] = []
     flag = " --user" if scope == "user" else ""
@@ -196,7 +231,9 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
         bindir = _bindir()
         target = unit_dir(scope)
         telegram = (target / TELEGRAM).exists()
-        for name, text in render(Install(scope, app.paths, bindir, None, telegram), config).items():
+        web = (target / WEB_SOCKET).exists()
+        inst = Install(scope, app.paths, bindir, None, telegram, web)
+        for name, text in render(inst, config).items():
             path = target / name
             current = path.read_text() if path.exists() else None
             state = "installed" if current == text else "missing" if current is None else "outdated"

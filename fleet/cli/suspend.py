@@ -112,8 +112,13 @@ def suspend(app: App, task_id: str, summary: str | None, no_block: bool) -> None
     counts as no failure), and the task is never claimed until `fleet resume ID`, whose next
     attempt resumes the coder's own session where it can. Prints the checkpoint's number.
     """
+    by = app.store.actor.by
+    _said(suspend_task(app, task_id, _summary(summary, f"suspended by {by}"), not no_block))
+
+
+def suspend_task(app: App, task_id: str, summary: str, block: bool = True) -> Checkpoint:
+    """Checkpoint the task with `summary` (checked), suspend it, stop a running attempt."""
     from fleet import checkpoints
-    from fleet.audit import who
 
     task = app.store.get(task_id)
     if task.status not in (Status.READY, Status.RUNNING):
@@ -121,13 +126,12 @@ def suspend(app: App, task_id: str, summary: str | None, no_block: bool) -> None
             f"cannot suspend {task_id}: it is {task.status}",
             hint="only ready and running tasks can be suspended",
         )
-    by = who()
-    text = _summary(summary, f"suspended by {by}")
-    cp = checkpoints.take(app.store, task_id, by, text)
+    by = app.store.actor.by  # who() for the command line, web:USER for the dashboard
+    cp = checkpoints.take(app.store, task_id, by, checkpoints.check_summary(summary))
     task = app.store.suspend(task_id, f"suspended by {by} at checkpoint {cp.n}", cp.n)
     if task.claimed_by is not None:
-        _stop(app, task_id, block=not no_block)
-    _said(cp)
+        _stop(app, task_id, block=block)
+    return cp
 
 
 def _stop(app: App, task_id: str, block: bool) -> None:

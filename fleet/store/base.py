@@ -93,6 +93,11 @@ class TaskFilter(NamedTuple):
     label: str | None = None
     cwd: str | None = None  # the directory or anything below it
     limit: int | None = None  # at most this many, oldest first
+    coder: str | None = None  # the task's coder (a task naming none has default_coder)
+    default_coder: str = ""
+    search: str | None = None  # words the title holds, in any case (LIKE, not a full scan index)
+    offset: int = 0  # skip this many first (a page of a long list)
+    newest_first: bool = False
 
 
 class OutgoingSpec(NamedTuple):

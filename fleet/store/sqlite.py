@@ -467,13 +467,22 @@ class SQLiteStore:
             base = flt.cwd.rstrip("/") + "/"
             where.append("(t.cwd = ? OR substr(t.cwd, 1, ?) = ?)")
             args.extend((flt.cwd, len(base), base))
+        if flt.coder is not None:
+            where.append("coalesce(t.coder, ?) = ?")
+            args.extend((flt.default_coder, flt.coder))
+        for word in (flt.search or "").split():
+            escaped = word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            where.append("t.title LIKE ? ESCAPE '\\'")
+            args.append(f"%{escaped}%")
         return (" WHERE " + " AND ".join(where)) if where else "", args
 
     def _list_sql(self, flt: TaskFilter) -> tuple[str, list[Any]]:
         where, args = self._where(flt)
-        sql = f"SELECT {TASK_JSON} FROM tasks t{where} ORDER BY t.seq"
-        if flt.limit is not None:
-            return sql + " LIMIT ?", [*args, flt.limit]
+        order = "DESC" if flt.newest_first else ""
+        sql = f"SELECT {TASK_JSON} FROM tasks t{where} ORDER BY t.seq {order}"
+        if flt.limit is not None or flt.offset:
+            limit = -1 if flt.limit is None else flt.limit
+            return sql + " LIMIT ? OFFSET ?", [*args, limit, flt.offset]
         return sql, args
 
     def count(self, flt: TaskFilter) -> int:

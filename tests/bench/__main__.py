@@ -1,8 +1,8 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, units, stream,
-answer, status, stats, telegram, telegram-units; default: all, in that order; units, stream
-and telegram-units boot a systemd sandbox and need root).
+answer, status, stats, telegram, telegram-units, web, web-units; default: all, in that order;
+units, stream, telegram-units and web-units boot a systemd sandbox and need root).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -27,6 +27,7 @@ from tests.bench import (
     bench_stream,
     bench_telegram,
     bench_units,
+    bench_web,
 )
 from tests.bench.common import Options, fleet_exe
 
@@ -42,6 +43,8 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_telegram.UNITS_NAME: bench_telegram.main_units,
     bench_status.NAME: bench_status.main,
     bench_stats.NAME: bench_stats.main,
+    bench_web.NAME: bench_web.main,
+    bench_web.UNITS_NAME: bench_web.main_units,
 }
 
 
