@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -248,6 +249,14 @@ class Attempt:
         if self._partial and not self._skipping:
             self.line(bytes(self._partial[:MAX_LINE]), truncated=len(self._partial) > MAX_LINE)
         self._partial.clear()
+        # What the CLI wrote elsewhere after its last line (codex's rollout file, when it was
+        # stopped in the middle of a tool) still counts for this attempt.
+        try:
+            left = self.coder.leftover()
+        except Exception as e:  # a parser bug must not end the attempt
+            left = (Event(Kind.ERROR, f"cannot read what the coder left: {e}"),)
+        if left:
+            self.take(left, None)
 
     def line(self, raw: bytes, truncated: bool = False) -> None:
         text = raw.decode("utf-8", "replace").rstrip("\r")
@@ -260,6 +269,10 @@ class Attempt:
             events = self.coder.parse(text)
         except Exception as e:  # a parser bug must not end the attempt
             events = (Event(Kind.RAW, text), Event(Kind.ERROR, f"cannot parse line: {e}"))
+        self.take(events, text)
+
+    def take(self, events: Sequence[Event], text: str | None) -> None:
+        """Count, echo and act on the events of one line (`text`; None for what a coder left)."""
         counted = False
         for event in events:
             self.tally.add(event)

@@ -213,6 +213,10 @@ class Coder(ABC):
     @abstractmethod
     def parse(self, line: str) -> Sequence[Event]: ...
 
+    def leftover(self) -> Sequence[Event]:
+        """Events the CLI left outside its stream after the last line (read once it has ended)."""
+        return ()
+
     # Whether argv() honours RunSpec.resume; a coder that cannot resume always starts afresh.
     resumes: ClassVar[bool] = False
 

@@ -499,6 +499,9 @@ class CodexCoder(Coder):
                 continue
         return None
 
+    def leftover(self) -> Sequence[Event]:
+        return self.rollout_events()
+
     def rollout_events(self) -> list[Event]:
         """Usage, context and rate-limit windows from the rollout lines written since last time."""
         if self._rollout is None:
