@@ -31,7 +31,6 @@ from fleet.host import owner
 from fleet.model import AttemptEnd
 from fleet.paths import Paths, Scope
 from fleet.store import Store
-from fleet.timeutil import now_iso
 
 
 class Pass(NamedTuple):
@@ -59,8 +58,9 @@ def dispatch_lock(paths: Paths, wait: bool = True) -> Iterator[None]:
 
 def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> list[str]:
     """Release the claims of this host whose lease ran out and whose unit is gone (the attempt
-    was lost), with what it spent as its live figures in `paths` last had it."""
-    now = now_iso()
+    was lost), with what it spent as its live figures in `paths` last had it. Leases are
+    compared by the store's clock (the database's, on PostgreSQL)."""
+    now = store.now()
     stale = [t for t in store.claims(me) if t.lease_until is not None and t.lease_until < now]
     if not stale:
         return []
@@ -73,7 +73,7 @@ def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> 
         from fleet.usage import attempt_end
 
         spent = live.spent(paths, task.id, task.attempts) if paths else {}
-        store.release(task.id, me, attempt_end("lost", spent, None))
+        store.release(task.id, me, attempt_end("lost", spent, None), attempt=task.attempts)
         if paths:
             live.remove(paths, task.id)
         recovered.append(task.id)
@@ -101,8 +101,8 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: boo
             try:
                 systemd.start(scope, ids)
             except FleetError as e:
-                for task_id in ids:
-                    store.release(task_id, me, AttemptEnd("not-started"))
+                for task in claimed:
+                    store.release(task.id, me, AttemptEnd("not-started"), attempt=task.attempts)
                 sys.stderr.write(f"fleet-claim: cannot start units, released {len(ids)}: {e}\n")
                 raise
         except FleetError as e:

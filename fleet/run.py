@@ -496,7 +496,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     next_status = float("inf")
             if now >= next_renew:
                 next_renew = now + run.lease_s / 3
-                if not run.store.renew(run.task.id, run.me, run.lease_s):
+                if not run.store.renew(run.task.id, run.me, run.lease_s, run.task.attempts):
                     run.stop("lease-lost")
             if run.kill_at is not None and now >= run.kill_at:
                 signal_group(proc.pid, signal.SIGKILL)

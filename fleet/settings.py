@@ -162,6 +162,18 @@ class Setting(NamedTuple):
 
 
 SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "store",
+        "str",
+        "",
+        "Where the task queue is: empty for SQLite in the state directory (one host), or a"
+        " libpq connection URL postgresql://[USER@]HOST[:PORT]/DATABASE[?…] for a PostgreSQL"
+        " database that several hosts share. Keep the password out of it: libpq reads"
+        " ~/.pgpass, PGPASSFILE, a service file (?service=NAME) and PG* variables; fleet never"
+        " prints the password.",
+        pattern=r"(postgres(ql)?://\S*)?",
+        example="postgresql://fleet@db.example/fleet",
+    ),
     Setting("max_concurrent", "int", 4, "How many tasks may run at once on this host.", 1, 1024),
     Setting(
         "default_coder",

@@ -183,3 +183,42 @@ def store_at_version(home: Path, version: int) -> sqlite3.Connection:
             db.execute(sql)
     db.execute(f"PRAGMA user_version = {version}")
     return db
+
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that uses `backend` runs on each store; one marked `sqlite_only` or
+    `postgresql_only` on that one alone."""
+    if "backend" in metafunc.fixturenames:
+        marked = metafunc.definition.get_closest_marker
+        names = [
+            b for b in BACKENDS if not marked(f"{'postgresql' if b == 'sqlite' else 'sqlite'}_only")
+        ]
+        metafunc.parametrize("backend", names, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Any]:
+    """A PostgreSQL cluster of this test session's own (tests/pg.py), started on first use."""
+    from tests.pg import Cluster
+
+    cluster = Cluster()
+    try:
+        cluster.start()
+        cluster.make_template()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest, home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The store the test's fleet uses: SQLite in its FLEET_HOME, or a new, empty PostgreSQL
+    database (FLEET_STORE, which fleet processes the test starts inherit)."""
+    name = str(request.param)
+    if name == "postgresql":
+        cluster = request.getfixturevalue("pg_cluster")
+        monkeypatch.setenv("FLEET_STORE", cluster.new_database())
+    return name

@@ -1,10 +1,13 @@
-"""The store's semantics, against the real SQLite store in a temporary FLEET_HOME."""
+"""The store's semantics, against each real store: SQLite in a temporary FLEET_HOME, and a new
+database of the session's own PostgreSQL cluster (the `backend` fixture)."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,10 +17,12 @@ from fleet.paths import resolve
 from fleet.store import Store, TaskFilter, open_store
 from fleet.store.base import BadSpec
 from fleet.store.schema import VERSION
+from fleet.timeutil import parse
+from tests.conftest import run_fleet
 
 
 @pytest.fixture
-def store(home: Path) -> Iterator[Store]:
+def store(backend: str, home: Path) -> Iterator[Store]:
     s = open_store(resolve())
     yield s
     s.close()
@@ -274,6 +279,7 @@ def test_list_filters(store: Store, project: Path, tmp_path: Path) -> None:
     assert ids(cwd=str(project), include_final=True) == [a.id, b.id]
 
 
+@pytest.mark.sqlite_only
 def test_newer_schema_is_refused(home: Path, store: Store) -> None:
     store.close()
     db = sqlite3.connect(home / "fleet.db")
@@ -284,7 +290,8 @@ def test_newer_schema_is_refused(home: Path, store: Store) -> None:
     assert "newer fleet" in (refused.value.hint or "")
 
 
-def test_a_foreign_or_corrupt_database_is_refused(home: Path) -> None:
+@pytest.mark.sqlite_only
+def test_a_foreign_or_corrupt_database_is_refused(backend: str, home: Path) -> None:
     home.mkdir(mode=0o700, parents=True)
     db = sqlite3.connect(home / "fleet.db")
     db.execute("CREATE TABLE x (y)")
@@ -297,8 +304,99 @@ def test_a_foreign_or_corrupt_database_is_refused(home: Path) -> None:
         open_store(resolve())
 
 
+@pytest.mark.sqlite_only
 def test_the_store_is_in_wal_mode_and_private(home: Path, store: Store) -> None:
     db = sqlite3.connect(home / "fleet.db")
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     db.close()
     assert (home.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_runner_whose_claim_was_taken_over_changes_nothing(store: Store, project: Path) -> None:
+    (t,) = store.add([spec("t", project)])
+    claim(store, owner="host")
+    store.release(t.id, "host", AttemptEnd("lost"), attempt=1)
+    claim(store, owner="host")  # the same host claims it again: attempt 2
+    assert not store.renew(t.id, "host", 60, attempt=1)
+    with pytest.raises(Conflict, match="for attempt 1"):
+        store.finish(t.id, "host", AttemptEnd("success"), Status.DONE, attempt=1)
+    assert store.get(t.id).status == Status.RUNNING
+    assert store.renew(t.id, "host", 60, attempt=2)
+    assert store.finish(t.id, "host", AttemptEnd("success"), Status.DONE, attempt=2).status == (
+        Status.DONE
+    )
+
+
+def test_a_lease_is_set_by_the_store_clock(store: Store, project: Path) -> None:
+    store.add([spec("t", project)])
+    before = store.now()
+    (claimed,) = store.claim(1, "me", 600, "claude", None)
+    after = store.now()
+    lease = parse(claimed.lease_until or "")
+    assert parse(before) + 600 - 1 <= lease <= parse(after) + 600 + 1
+    assert store.now() < (claimed.lease_until or "")
+
+
+def test_labels_search_and_coders_filter_alike(store: Store, project: Path) -> None:
+    a, b, c = store.add(
+        [
+            spec("Fix the Parser", project, labels=("x", "y")),
+            spec("parse 100%_done", project, coder="codex"),
+            spec("other", project, labels=("y",)),
+        ]
+    )
+
+    def ids(**kw: object) -> list[str]:
+        return [t.id for t in store.tasks(TaskFilter(**kw))]  # type: ignore[arg-type]
+
+    assert ids(search="PARSE") == [a.id, b.id]  # any case
+    assert ids(search="100%_") == [b.id]  # LIKE's wildcards are plain characters
+    assert ids(search="0%d") == []
+    assert ids(label="y") == [a.id, c.id]
+    assert ids(coder="codex", default_coder="claude") == [b.id]
+    assert ids(coder="claude", default_coder="claude") == [a.id, c.id]
+    assert store.count(TaskFilter(label="y")) == 2
+    assert [x.id for x in store.ready(coders=("codex",), default_coder="claude")] == [b.id]
+
+
+@pytest.mark.postgresql_only
+def test_postgresql_refuses_a_newer_schema_and_a_foreign_database(
+    backend: str, store: Store, pg_cluster: Any
+) -> None:
+    from fleet.store.pgschema import VERSION as PG_VERSION
+
+    url = os.environ["FLEET_STORE"]
+    store.close()
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"UPDATE fleet_schema SET version = {PG_VERSION + 1}".encode())
+    with pytest.raises(StoreError, match=f"schema version {PG_VERSION + 1}") as refused:
+        open_store(resolve())
+    assert "newer fleet" in (refused.value.hint or "")
+    other = pg_cluster.new_database(template=None)
+    with psycopg.connect(other, autocommit=True) as conn:
+        conn.execute(b"CREATE TABLE x (y text)")
+    with pytest.raises(StoreError, match="not fleet's"):
+        open_store(resolve(), url=other)
+
+
+def test_an_unreachable_database_is_one_line_naming_the_host_never_the_password(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone = tmp_path / "no-server-here"
+    gone.mkdir()
+    monkeypatch.setenv("FLEET_STORE", f"postgresql://fleet:s3cret-pw@/fleet?host={gone}&port=5999")
+    result = run_fleet("ls")
+    assert result.code == StoreError.exit_code
+    first, *rest = result.err.splitlines()
+    assert first.startswith(f"fleet: error: cannot reach the task store at {gone}:5999/fleet: ")
+    assert [line.split(":")[1] for line in rest] == [" hint"], result.err
+    assert "s3cret-pw" not in result.err + result.out
+    tcp = "postgresql://fleet:s3cret-pw@127.0.0.1:1/fleet?connect_timeout=5"
+    monkeypatch.setenv("FLEET_STORE", tcp)
+    result = run_fleet("show", "fl-aaaaaa")
+    assert result.code == StoreError.exit_code
+    first, *rest = result.err.splitlines()
+    assert first.startswith("fleet: error: cannot reach the task store at 127.0.0.1:1/fleet: ")
+    assert len(rest) == 1 and "s3cret-pw" not in result.err + result.out

@@ -1,0 +1,218 @@
+"""The PostgreSQL task store: one queue that several hosts share, with `fleet.store.sql`'s
+semantics. The only module that imports psycopg (3), so a SQLite store never loads it.
+
+Invariants:
+- one connection per store, in autocommit mode: a read sees what is committed, and every write
+  is one transaction (`_write`) that holds an advisory lock for its whole length, exclusive
+  for most writes and shared for claims, renewals and ends of attempts, whose UPDATEs are
+  compare-and-set on rows they lock (a claim picks with FOR UPDATE SKIP LOCKED). So writes are
+  as serial as on SQLite, except that claimers, on any host, pass each other;
+- values are bound on the client (psycopg's ClientCursor), as SQLite binds them, so the shared
+  SQL's untyped parameters (`? IS NULL`) mean what they mean there;
+- leases and deadlines use the database's clock (fleet.store.dialect);
+- after every commit the store touches the local `fleet.lock`, as SQLite's does, so watchers
+  on this host wake up;
+- an error names the database by host, port and name, never by its URL: a password in the URL
+  is never printed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
+from psycopg.conninfo import conninfo_to_dict
+
+from fleet import audit
+from fleet.errors import StoreError
+from fleet.paths import Paths, state_dir
+from fleet.store.dialect import POSTGRES, Conn, Cursor, pg_sql
+from fleet.store.pgschema import MIGRATIONS, VERSION
+from fleet.store.sql import SQLStore
+
+# The advisory lock every write holds ("flt" again, as SQLite's application id).
+LOCK_KEY = 0x666C7400
+CONNECT_TIMEOUT_S = 10
+
+
+class _Number(Loader):
+    """NUMERIC (what PostgreSQL sums BIGINTs to) as SQLite returns it: int, or float."""
+
+    def load(self, data: Buffer) -> int | float:
+        text = bytes(data).decode()
+        return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+class _Conn:
+    """A psycopg connection that speaks the shared SQL: `?` placeholders."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
+        return self._conn.execute(pg_sql(sql), parameters)
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> Any:
+        rows = list(parameters)
+        if rows:
+            with self._conn.cursor() as cur:
+                cur.executemany(pg_sql(sql), rows)
+
+
+def describe(url: str) -> tuple[str, str | None]:
+    """The database as errors name it (`host:port/name`), and the password to keep out of them."""
+    try:
+        info = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as e:
+        raise StoreError(
+            "the store setting is not a valid PostgreSQL connection URL: " + _first_line(str(e)),
+            hint="it looks like postgresql://USER@HOST:PORT/DATABASE",
+        ) from None
+    host = str(info.get("host") or os.environ.get("PGHOST") or "the local socket")
+    port = str(info.get("port") or os.environ.get("PGPORT") or "5432")
+    name = str(info.get("dbname") or os.environ.get("PGDATABASE") or info.get("user") or "")
+    password = info.get("password")
+    return f"{host}:{port}/{name}", str(password) if password else None
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "unknown error")
+
+
+class PGStore(SQLStore):
+    dialect = POSTGRES
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], where: str, secret: str | None, actor: audit.Actor
+    ) -> None:
+        self._conn = conn
+        self._db = _Conn(conn)
+        self._site = where
+        self._secret = secret
+        self._lock_fd = -1
+        self.actor = actor
+        self._trail = []
+
+    @classmethod
+    def connect(cls, url: str, paths: Paths | None, actor: audit.Actor) -> PGStore:
+        where, secret = describe(url)
+        extra: dict[str, Any] = {}
+        if "connect_timeout" not in url:
+            extra["connect_timeout"] = CONNECT_TIMEOUT_S
+        try:
+            conn = psycopg.connect(
+                url,
+                autocommit=True,
+                cursor_factory=psycopg.ClientCursor,
+                application_name=actor.program,
+                **extra,
+            )
+        except psycopg.Error as e:
+            raise StoreError(
+                f"cannot reach the task store at {where}: {cls._scrub(e, secret)}",
+                hint="check that PostgreSQL runs there and accepts this host, and the store"
+                " setting (FLEET_STORE)",
+            ) from None
+        conn.adapters.register_loader("numeric", _Number)
+        store = cls(conn, where, secret, actor)
+        try:
+            if paths is not None:
+                state_dir(paths.home)
+                store._lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            store._prepare()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def close(self) -> None:
+        self._conn.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    @staticmethod
+    def _scrub(e: BaseException, secret: str | None) -> str:
+        text = _first_line(str(e))
+        return text.replace(secret, "***") if secret else text
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.OperationalError as e:
+            raise StoreError(
+                f"lost the task store at {self._site}: {self._scrub(e, self._secret)}",
+                hint="check that PostgreSQL runs there; nothing of this command was committed",
+            ) from None
+        except psycopg.Error as e:
+            raise StoreError(f"task store {self._site}: {self._scrub(e, self._secret)}") from e
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        with self._errors():
+            if self._version() == VERSION:
+                return
+            with self._conn.transaction():
+                # Hosts that start together migrate one after the other.
+                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_KEY,))
+                version = self._version()
+                for statements in MIGRATIONS[version:]:
+                    for sql in statements:
+                        self._conn.execute(sql.encode())
+                if version == 0:
+                    self._conn.execute("CREATE TABLE fleet_schema (version INTEGER NOT NULL)")
+                    self._conn.execute("INSERT INTO fleet_schema VALUES (0)")
+                self._conn.execute("UPDATE fleet_schema SET version = %s", (VERSION,))
+
+    def _version(self) -> int:
+        found = self._conn.execute("SELECT to_regclass('fleet_schema') IS NOT NULL").fetchone()
+        if not (found and found[0]):
+            other = self._conn.execute(
+                "SELECT 1 FROM pg_tables WHERE schemaname = current_schema() LIMIT 1"
+            ).fetchone()
+            if other:
+                raise StoreError(
+                    f"the database {self._site} holds tables but not fleet's",
+                    hint="give fleet a database of its own (createdb fleet)",
+                )
+            return 0
+        row = self._conn.execute("SELECT version FROM fleet_schema").fetchone()
+        version = int(row[0]) if row else 0
+        if version > VERSION:
+            raise StoreError(
+                f"the task store {self._site} has schema version {version}; this fleet"
+                f" knows up to {VERSION}",
+                hint="it was written by a newer fleet: upgrade fleet on this host",
+            )
+        return version
+
+    # -- transactions ------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self, shared: bool = False) -> Iterator[Conn]:
+        lock = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        with self._errors():
+            with self._conn.transaction():
+                self._conn.execute(f"SELECT {lock}(%s)", (LOCK_KEY,))
+                self._trail = []
+                try:
+                    yield self._db
+                except BaseException:
+                    self._trail = []
+                    raise
+            if self._lock_fd >= 0:
+                os.utime(self._lock_fd)
+        trail, self._trail = self._trail, []
+        audit.journal(trail, self.actor.program)
+
+    @contextmanager
+    def _read(self) -> Iterator[Conn]:
+        with self._errors():
+            yield self._db
