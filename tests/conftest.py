@@ -222,3 +222,19 @@ def backend(request: pytest.FixtureRequest, home: Path, monkeypatch: pytest.Monk
         cluster = request.getfixturevalue("pg_cluster")
         monkeypatch.setenv("FLEET_STORE", cluster.new_database())
     return name
+
+
+def store_rows(home: Path, sql: str) -> list[tuple[Any, ...]]:
+    """The rows of `sql` (no parameters) read straight from the test's store, bypassing fleet:
+    FLEET_STORE's PostgreSQL database if set, else SQLite's file in `home`."""
+    url = os.environ.get("FLEET_STORE")
+    if url:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            return [tuple(r) for r in conn.execute(sql.encode()).fetchall()]
+    db = sqlite3.connect(home / "fleet.db")
+    try:
+        return [tuple(r) for r in db.execute(sql).fetchall()]
+    finally:
+        db.close()

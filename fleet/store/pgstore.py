@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import psycopg
@@ -38,6 +38,8 @@ from fleet.store.sql import SQLStore
 # The advisory lock every write holds ("flt" again, as SQLite's application id).
 LOCK_KEY = 0x666C7400
 CONNECT_TIMEOUT_S = 10
+_BEGIN = f"BEGIN; SELECT pg_advisory_xact_lock({LOCK_KEY})".encode()
+_BEGIN_SHARED = f"BEGIN; SELECT pg_advisory_xact_lock_shared({LOCK_KEY})".encode()
 
 
 class _Number(Loader):
@@ -197,16 +199,19 @@ class PGStore(SQLStore):
 
     @contextmanager
     def _write(self, shared: bool = False) -> Iterator[Conn]:
-        lock = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
         with self._errors():
-            with self._conn.transaction():
-                self._conn.execute(f"SELECT {lock}(%s)", (LOCK_KEY,))
+            # BEGIN and the lock in one round trip (client-side binding sends both at once).
+            self._conn.execute(_BEGIN_SHARED if shared else _BEGIN)
+            self._trail = []
+            try:
+                yield self._db
+                self._conn.execute(b"COMMIT")
+            except BaseException:
                 self._trail = []
-                try:
-                    yield self._db
-                except BaseException:
-                    self._trail = []
-                    raise
+                if not self._conn.closed:
+                    with suppress(psycopg.Error):
+                        self._conn.execute(b"ROLLBACK")
+                raise
             if self._lock_fd >= 0:
                 os.utime(self._lock_fd)
         trail, self._trail = self._trail, []

@@ -934,14 +934,17 @@ class SQLStore:
         d = self.dialect
         rows = db.execute(
             # Picked once (MATERIALIZED), then claimed: a subquery in the UPDATE's WHERE may be
-            # run again for each row it scans, and hand out more than its LIMIT.
+            # run again for each row it scans, and hand out more than its LIMIT. The state the
+            # claim expects is checked where it picks (PostgreSQL checks it again on the row
+            # it locks), not in the UPDATE's WHERE, which would make SQLite scan every ready
+            # task by status instead of looking the picked ones up by id.
             "WITH picked AS MATERIALIZED (SELECT t.id FROM tasks t"
-            f" WHERE {where} ORDER BY t.priority, t.seq LIMIT ?{d.skip_locked})"
+            f" WHERE {where} AND t.claimed_by IS NULL ORDER BY t.priority, t.seq"
+            f" LIMIT ?{d.skip_locked})"
             f" UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = {d.time_sql},"
             " attempts = attempts + 1, coder = COALESCE(coder, ?),"
             " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
             " updated_at = ? WHERE id IN (SELECT id FROM picked)"
-            " AND status = 'ready' AND claimed_by IS NULL"
             " RETURNING id, attempts, coder, model, priority, seq",
             (
                 *args,
@@ -955,14 +958,16 @@ class SQLStore:
             ),
         ).fetchall()
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING keeps no order
-        db.executemany(
-            "INSERT INTO attempts (task, n, owner, started_at, coder, model)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (task_id, attempt, owner, now, coder, model)
-                for task_id, attempt, coder, model, *_ in rows
-            ],
-        )
+        if rows:  # one statement, not one per row: a round trip each on PostgreSQL
+            db.execute(
+                "INSERT INTO attempts (task, n, owner, started_at, coder, model) VALUES "
+                + ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(rows)),
+                [
+                    x
+                    for task_id, n, coder, model, *_ in rows
+                    for x in (task_id, n, owner, now, coder, model)
+                ],
+            )
         for task_id, attempt, *_ in rows:
             self._audit(db, task_id, "claimed", attempt=attempt, owner=owner)
         return [r[0] for r in rows]
