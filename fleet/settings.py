@@ -161,6 +161,17 @@ class Setting(NamedTuple):
         return doc["v"]
 
 
+_URL_PASSWORD = re.compile(r"(://[^/?#@]*?:)[^/?#]*@|([?&]password=)[^&#]*")
+
+
+def shown(name: str, value: Any) -> Any:
+    """`value` as fleet prints it: a password in the store's URL masked (libpq reads it, but no
+    listing of the configuration shows it)."""
+    if name == "store" and isinstance(value, str):
+        return _URL_PASSWORD.sub(lambda m: f"{m[1]}***@" if m[1] else f"{m[2]}***", value)
+    return value
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "store",

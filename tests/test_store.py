@@ -3,6 +3,7 @@ database of the session's own PostgreSQL cluster (the `backend` fixture)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from fleet.store import Store, TaskFilter, open_store
 from fleet.store.base import BadSpec
 from fleet.store.schema import VERSION
 from fleet.timeutil import parse
-from tests.conftest import run_fleet
+from tests.conftest import Fleet, run_fleet
 
 
 @pytest.fixture
@@ -400,3 +401,21 @@ def test_an_unreachable_database_is_one_line_naming_the_host_never_the_password(
     first, *rest = result.err.splitlines()
     assert first.startswith("fleet: error: cannot reach the task store at 127.0.0.1:1/fleet: ")
     assert len(rest) == 1 and "s3cret-pw" not in result.err + result.out
+
+
+def test_the_configuration_never_shows_the_store_password(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for url, masked in (
+        ("postgresql://bob:pa:ss@db.example:5433/q", "postgresql://bob:***@db.example:5433/q"),
+        (
+            "postgresql://db.example/q?password=pw&sslmode=require",
+            "postgresql://db.example/q?password=***&sslmode=require",
+        ),
+        ("postgresql://bob@db.example/q", "postgresql://bob@db.example/q"),
+    ):
+        monkeypatch.setenv("FLEET_STORE", url)
+        assert fleet.ok("config", "get", "store").strip() == masked
+        shown = json.loads(fleet.ok("config", "show", "--json"))
+        assert [e["value"] for e in shown if e["key"] == "store"] == [masked]
+        assert masked in fleet.ok("config", "show")
