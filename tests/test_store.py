@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -419,3 +421,36 @@ def test_the_configuration_never_shows_the_store_password(
         shown = json.loads(fleet.ok("config", "show", "--json"))
         assert [e["value"] for e in shown if e["key"] == "store"] == [masked]
         assert masked in fleet.ok("config", "show")
+
+
+def test_only_a_postgresql_store_imports_psycopg(backend: str, home: Path) -> None:
+    probe = (
+        "import sys; from fleet.cli import main; code = main(['ls']);"
+        " print(code, 'psycopg' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.stdout.split()[-2:] == ["0", str(backend == "postgresql")], proc.stderr
+
+
+@pytest.mark.postgresql_only
+def test_a_connection_lost_mid_command_is_one_error_and_changes_nothing(
+    backend: str, store: Store, project: Path
+) -> None:
+    import psycopg
+
+    (t,) = store.add([spec("t", project)])
+    with psycopg.connect(os.environ["FLEET_STORE"], autocommit=True) as admin:
+        admin.execute(
+            b"SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            b" WHERE datname = current_database() AND pid != pg_backend_pid()"
+        )
+    with pytest.raises(StoreError, match=r"lost the task store at .*:5432/fleet_") as lost:
+        store.claim(1, "me", 60, "claude", None)
+    assert "\n" not in lost.value.message
+    again = open_store(resolve())
+    try:
+        assert again.get(t.id).status == Status.READY and again.attempts(t.id) == []
+    finally:
+        again.close()

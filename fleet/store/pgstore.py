@@ -140,7 +140,10 @@ class PGStore(SQLStore):
 
     @staticmethod
     def _scrub(e: BaseException, secret: str | None) -> str:
+        """The first line of libpq's message, less psycopg's wrapping and any password."""
         text = _first_line(str(e))
+        for wrapping in ("connection is bad: ", "connection failed: "):
+            text = text.removeprefix(wrapping)
         return text.replace(secret, "***") if secret else text
 
     @contextmanager
