@@ -89,20 +89,20 @@ def _first_line(text: str) -> str:
 class PGStore(SQLStore):
     dialect = POSTGRES
 
-    def __init__(
-        self, conn: psycopg.Connection[Any], where: str, secret: str | None, actor: audit.Actor
-    ) -> None:
-        self._conn = conn
-        self._db = _Conn(conn)
+    def __init__(self, url: str, where: str, secret: str | None, actor: audit.Actor) -> None:
+        self._url = url
         self._site = where
         self._secret = secret
+        self._conn = self._connect(url, where, secret, actor.program)
+        self._db = _Conn(self._conn)
         self._lock_fd = -1
         self.actor = actor
         self._trail = []
 
     @classmethod
-    def connect(cls, url: str, paths: Paths | None, actor: audit.Actor) -> PGStore:
-        where, secret = describe(url)
+    def _connect(
+        cls, url: str, where: str, secret: str | None, program: str
+    ) -> psycopg.Connection[Any]:
         extra: dict[str, Any] = {}
         if "connect_timeout" not in url:
             extra["connect_timeout"] = CONNECT_TIMEOUT_S
@@ -111,7 +111,7 @@ class PGStore(SQLStore):
                 url,
                 autocommit=True,
                 cursor_factory=psycopg.ClientCursor,
-                application_name=actor.program,
+                application_name=program,
                 **extra,
             )
         except psycopg.Error as e:
@@ -121,7 +121,20 @@ class PGStore(SQLStore):
                 " setting (FLEET_STORE)",
             ) from None
         conn.adapters.register_loader("numeric", _Number)
-        store = cls(conn, where, secret, actor)
+        return conn
+
+    def _usable(self) -> None:
+        """A connection that broke (the server restarted, the network went) is made anew by
+        the next call, so a long-lived program outlives an outage of the database."""
+        if self._conn.broken or self._conn.closed:
+            self._conn.close()
+            self._conn = self._connect(self._url, self._site, self._secret, self.actor.program)
+            self._db = _Conn(self._conn)
+
+    @classmethod
+    def connect(cls, url: str, paths: Paths | None, actor: audit.Actor) -> PGStore:
+        where, secret = describe(url)
+        store = cls(url, where, secret, actor)
         try:
             if paths is not None:
                 state_dir(paths.home)
@@ -202,6 +215,7 @@ class PGStore(SQLStore):
 
     @contextmanager
     def _write(self, shared: bool = False) -> Iterator[Conn]:
+        self._usable()
         with self._errors():
             # BEGIN and the lock in one round trip (client-side binding sends both at once).
             self._conn.execute(_BEGIN_SHARED if shared else _BEGIN)
@@ -222,5 +236,6 @@ class PGStore(SQLStore):
 
     @contextmanager
     def _read(self) -> Iterator[Conn]:
+        self._usable()
         with self._errors():
             yield self._db
