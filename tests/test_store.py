@@ -452,3 +452,19 @@ def test_a_lost_connection_is_one_error_changes_nothing_and_is_made_again(
     # Nothing was claimed, and the same store connects again on its next call.
     assert store.get(t.id).status == Status.READY and store.attempts(t.id) == []
     assert claim(store) == [t.id]
+
+
+def test_the_store_setting_in_the_configuration_file_picks_postgresql(
+    home: Path, project: Path, pg_cluster: Any
+) -> None:
+    url = pg_cluster.new_database()
+    resolve().config_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    resolve().config_file.write_text(f'# store = "ignored"\nstore = "{url}"\n')
+    added = run_fleet("add", "in postgresql", "--cwd", str(project))
+    assert added.code == 0, added.err
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        titles = conn.execute(b"SELECT id, title FROM tasks").fetchall()
+    assert titles == [(added.out.strip(), "in postgresql")]
+    assert not (home / "fleet.db").exists()
