@@ -28,6 +28,57 @@ class Install(NamedTuple):
     run_as: str | None = None
     telegram: bool = False  # fleet-telegram.service too
     web: bool = False  # fleet-web.socket and fleet-web.service too
+    path: str | None = None  # PATH of every unit; None: the manager's own
+
+
+RECORD_FILE = "setup.json"
+
+
+class Recorded(NamedTuple):
+    """What `fleet setup` chose that the units carry and `fleet doctor` must compare with."""
+
+    path: str | None = None
+    run_as: str | None = None
+
+
+def record(paths: Paths, recorded: Recorded) -> None:
+    import json
+
+    from fleet.fsutil import write_atomic
+
+    text = json.dumps(recorded._asdict(), indent=1) + "\n"
+    write_atomic(paths.home / RECORD_FILE, text.encode())
+
+
+def recorded(paths: Paths) -> Recorded:
+    """What the last `fleet setup` for this state directory chose (nothing if none did)."""
+    import json
+
+    try:
+        values = json.loads((paths.home / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return Recorded()
+    if not isinstance(values, dict):
+        return Recorded()
+    path, run_as = values.get("path"), values.get("run_as")
+    return Recorded(
+        path if isinstance(path, str) and path else None,
+        run_as if isinstance(run_as, str) and run_as else None,
+    )
+
+
+def search_path(env: dict[str, str] | None = None) -> str | None:
+    """The PATH for the units: the PATH of the shell running `fleet setup` (a manager gives
+    its units only its own short default, which misses ~/.local/bin and a node version
+    manager's directory, where coders are installed), less its relative entries, which would
+    name another directory in every working directory."""
+    env = dict(os.environ) if env is None else env
+    kept: list[str] = []
+    for entry in env.get("PATH", "").split(os.pathsep):
+        entry = os.path.normpath(entry) if os.path.isabs(entry) else ""
+        if entry and entry not in kept:
+            kept.append(entry)
+    return os.pathsep.join(kept) or None
 
 
 def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
@@ -40,7 +91,8 @@ def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
 
 
 def _environment(inst: Install) -> str:
-    return syntax.environment(FLEET_HOME=str(inst.paths.home), FLEET_SCOPE=inst.scope)
+    search = {"PATH": inst.path} if inst.path else {}
+    return syntax.environment(FLEET_HOME=str(inst.paths.home), FLEET_SCOPE=inst.scope, **search)
 
 
 def _program(inst: Install, name: str) -> str:

@@ -7,7 +7,12 @@ from a real systemd (tests/sandbox.py) over its bus, where each value is one exa
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import shutil
+import tempfile
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
@@ -15,15 +20,26 @@ from fleet import unitsyntax
 from fleet.config import defaults
 from fleet.errors import ConfigError, InputError
 from fleet.paths import Paths
-from fleet.units import Install, render
+from fleet.units import Install, render, search_path
 from tests import sandbox
 from tests.conftest import fleet_exe, run_fleet
-from tests.sandbox import Sandbox
+from tests.sandbox import NOBODY, Sandbox
+from tests.test_user_scope import expose_to_others
 
 systemd = sandbox.systemd
 BIN = Path(fleet_exe()).parent
 # A state directory named with everything a unit file treats specially but can represent.
 ODD = "a b%i%%\"q'u\\b$HOME;x"
+
+
+def nobody_directory(box: Sandbox) -> Path:
+    """A fresh directory below /tmp that nobody owns (tmp_path is root's alone), with the venv
+    made reachable for nobody inside the sandbox."""
+    account = pwd.getpwuid(NOBODY)
+    root = Path(tempfile.mkdtemp(prefix="fleet-units-", dir="/tmp"))
+    os.chown(root, account.pw_uid, account.pw_gid)
+    expose_to_others(box, Path(os.path.realpath(BIN / "python")))
+    return root
 
 
 def units_for(home: Path, run_as: str | None = None) -> dict[str, str]:
@@ -166,6 +182,7 @@ def test_systemd_reads_back_an_odd_fleet_home_exactly(systemd: Sandbox, tmp_path
     assert bus_property(systemd, task_unit, service, "Environment") == [
         f"FLEET_HOME={home}",
         "FLEET_SCOPE=system",
+        f"PATH={sandbox.PATH}",  # fleet setup's own
     ]
     stop_post = bus_property(systemd, task_unit, service, "ExecStopPost")
     assert isinstance(stop_post, list)
@@ -191,3 +208,96 @@ def test_systemd_reads_back_an_odd_fleet_home_exactly(systemd: Sandbox, tmp_path
     shown = json.loads(fleet("show", task_id, "--json"))
     assert [a["outcome"] for a in shown["attempt_log"]] == ["success"]
     systemd.systemctl("stop", "fleet-claim.path", "fleet-claim.timer", check=False)
+
+
+def test_the_units_run_with_the_path_of_the_shell_that_set_them_up(tmp_path: Path) -> None:
+    env = {"PATH": "/opt/coders/bin:relative/bin:.:/usr/bin::/opt/coders/bin/"}
+    assert search_path(env) == "/opt/coders/bin:/usr/bin"
+    paths = Paths("user", tmp_path, tmp_path / "config.toml")
+    inst = Install("user", paths, BIN, path="/opt/a b%/bin:/usr/bin")
+    for name, text in render(inst, defaults(paths.config_file)).items():
+        if name.endswith(".service"):
+            assert (
+                'Environment="FLEET_HOME=' in text and ' "PATH=/opt/a b%%/bin:/usr/bin"\n' in text
+            )
+
+
+def coder_rows(report: str) -> list[dict[str, object]]:
+    return [row for row in json.loads(report) if row["check"] == "coder"]
+
+
+def test_a_coder_only_the_shell_finds_is_found_by_the_units_too(
+    systemd: Sandbox, tmp_path: Path
+) -> None:
+    # A coder in a ~/.local/bin of its own: on the PATH of the person's shell, not on the
+    # manager's default one.
+    local = tmp_path / "local" / "bin"
+    local.mkdir(parents=True)
+    coder = local / "mycoder"
+    coder.write_text('#!/bin/sh\necho "mycoder ran from $0"\n')
+    coder.chmod(0o755)
+    home = tmp_path / "home"
+    project = tmp_path / "project"
+    project.mkdir()
+    shell = f"{sandbox.PATH}:{local}"
+
+    def fleet(*args: str, path: str = shell, check: bool = True) -> CompletedProcess[str]:
+        env = {"FLEET_HOME": str(home), "PATH": path}
+        return systemd.run(str(BIN / "fleet"), *args, env=env, check=check, timeout=90)
+
+    fleet("config", "set", "default_coder=mycoder", "coders.mycoder.binary=mycoder")
+    fleet("config", "set", "coders.mycoder.format=lines", "retry_limit=1")
+    try:
+        # Set up from a shell without it: doctor, run from one with it, looks where units do.
+        fleet("setup", "--system", path=sandbox.PATH)
+        report = fleet("doctor", "--system", "--json", check=False).stdout
+        (row,) = coder_rows(report)
+        assert row["ok"] is False
+        assert row["detail"] == (
+            f"mycoder: mycoder not found on the units' PATH (your shell finds {coder}:"
+            " run fleet setup from it)"
+        )
+        # Set up from the shell that finds it: the units find it too, whatever shell asks.
+        fleet("setup", "--system")
+        (row,) = coder_rows(
+            fleet("doctor", "--system", "--json", path=sandbox.PATH, check=False).stdout
+        )
+        assert (row["ok"], row["detail"]) == (True, f"mycoder: {coder} on the units' PATH")
+        task_id = fleet("add", "run it", "--cwd", str(project), "-d", "go").stdout.strip()
+        waited = fleet("wait", task_id, "--timeout", "60", check=False)
+        assert waited.returncode == 0, fleet("show", task_id).stdout
+        unit = f"fleet-task@{task_id}"
+        transcript = systemd.run("journalctl", "-u", unit, "-o", "cat").stdout
+        assert f"mycoder ran from {coder}" in transcript
+    finally:
+        systemd.systemctl("stop", "fleet-claim.path", "fleet-claim.timer", check=False)
+
+
+def test_setup_without_a_reachable_user_manager_installs_nothing(
+    systemd: Sandbox, tmp_path: Path
+) -> None:
+    # nobody has no session, so no user manager: `systemctl --user` cannot connect.
+    root = nobody_directory(systemd)
+    env = {
+        "HOME": str(root),
+        "XDG_CONFIG_HOME": str(root / "config"),
+        "XDG_RUNTIME_DIR": f"/run/user/{NOBODY}",
+        "FLEET_HOME": str(root / "fleet"),
+    }
+    try:
+        result = systemd.run(
+            str(BIN / "fleet"), "setup", "--user", env=env, user="nobody", check=False
+        )
+        assert result.returncode == 1, result.stderr
+        error, hint = result.stderr.splitlines()
+        assert error == (
+            "fleet: error: cannot reach the user manager"
+            " (systemctl --user: Failed to connect to bus: No such file or directory)"
+        )
+        assert hint.startswith("fleet: hint: ") and "loginctl enable-linger" in hint
+        assert "--system" in hint
+        assert not (root / "config" / "systemd").exists()
+        assert not (root / "fleet" / "wake").exists()
+        assert not (root / "fleet" / "scope").exists()
+    finally:
+        shutil.rmtree(root)
