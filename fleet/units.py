@@ -163,7 +163,8 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "[Service]",
             "Type=oneshot",
             _environment(inst),
-            *user,
+            # Root even with --run-as: only root starts system units without asking polkit.
+            # It uses the state directory as its owner (fleet.runas).
             f"ExecStart={_program(inst, 'fleet-claim')} --quiet",
         ],
         "fleet-claim.path": [

@@ -10,6 +10,7 @@ import json
 import os
 import pwd
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -94,7 +95,8 @@ def test_run_as_refuses_a_user_that_does_not_exist() -> None:
 def test_run_as_an_existing_user_is_written() -> None:
     result = run_fleet("setup", "--system", "--run-as", "nobody", "--dry-run")
     assert result.code == 0, result.err
-    assert result.out.count("\nUser=nobody\n") == 2  # fleet-task@.service, fleet-claim.service
+    # The agents (fleet-task@.service); fleet-claim stays root, to start their units.
+    assert result.out.count("\nUser=nobody\n") == 1
 
 
 @pytest.mark.parametrize(
@@ -300,4 +302,48 @@ def test_setup_without_a_reachable_user_manager_installs_nothing(
         assert not (root / "fleet" / "wake").exists()
         assert not (root / "fleet" / "scope").exists()
     finally:
+        shutil.rmtree(root)
+
+
+def owners(tree: Path) -> set[int]:
+    return {os.lstat(p).st_uid for p in (tree, *tree.rglob("*"))}
+
+
+def test_run_as_hands_the_state_directory_to_its_user(systemd: Sandbox) -> None:
+    root = nobody_directory(systemd)
+    home = root / "fleet"
+    project = root / "project"
+    project.mkdir()
+    os.chown(project, NOBODY, NOBODY)
+
+    def fleet(*args: str, user: str | None = None, check: bool = True) -> CompletedProcess[str]:
+        env = {"FLEET_HOME": str(home)}
+        return systemd.run(str(BIN / "fleet"), *args, env=env, user=user, check=check, timeout=90)
+
+    try:
+        fleet("config", "set", "default_coder=command", "retry_limit=1")  # root's, 0700
+        fleet("setup", "--system", "--run-as", "nobody")
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+        assert owners(home) == {NOBODY}
+        script = 'echo "ran as $(id -un)"'
+        # nobody's own: it may not start system units, so the path unit starts a pass.
+        mine = fleet("add", "mine", "--cwd", str(project), "-d", script, user="nobody")
+        # root's: its pass starts the unit at once, and creates what it needs as nobody's.
+        theirs = fleet("add", "root's", "--cwd", str(project), "-d", script)
+        for task_id in (mine.stdout.strip(), theirs.stdout.strip()):
+            waited = fleet("wait", task_id, "--timeout", "60", user="nobody", check=False)
+            assert waited.returncode == 0, (waited.stderr, fleet("show", task_id).stdout)
+            unit = f"fleet-task@{task_id}"
+            transcript = systemd.run("journalctl", "-u", unit, "-o", "cat").stdout
+            assert "ran as nobody" in transcript
+        assert owners(home) == {NOBODY}  # nothing root's own left behind for nobody
+        report = json.loads(
+            fleet("doctor", "--system", "--json", user="nobody", check=False).stdout
+        )
+        assert [r for r in report if r["check"] in ("home", "store", "unit") and not r["ok"]] == []
+        fleet("setup", "--system")  # a later run without --run-as keeps it
+        assert "\nUser=nobody\n" in (systemd.units / "fleet-task@.service").read_text()
+        assert owners(home) == {NOBODY}
+    finally:
+        systemd.systemctl("stop", "fleet-claim.path", "fleet-claim.timer", check=False)
         shutil.rmtree(root)

@@ -48,7 +48,10 @@ def _bindir() -> Path:
 @scope_options[0]
 @scope_options[1]
 @click.option(
-    "--run-as", metavar="USER", help="With --system: run agents as this user (an existing account)."
+    "--run-as",
+    metavar="USER",
+    help="With --system: run agents as this user (an existing account), who is given the state"
+    " directory.",
 )
 @click.option(
     "--telegram",
@@ -85,8 +88,15 @@ def setup(
     The units run with the PATH of the shell that runs fleet setup (its relative entries
     left out), because a manager gives its units only a short default PATH of its own, which
     misses coders installed in ~/.local/bin or by a node version manager: run it again from a
-    shell whose PATH finds the coders after installing or moving one. --run-as, like
-    --telegram, is kept by later runs without it.
+    shell whose PATH finds the coders after installing or moving one.
+
+    With --run-as USER the agents (fleet-task@.service, and the bot and the dashboard) run as
+    USER, and the state directory (and /etc/fleet, when the configuration is there) is handed
+    to USER: everything in it owned by USER, mode 0700, so USER's own `fleet` commands work
+    too (with FLEET_SCOPE=system, or FLEET_HOME). fleet-claim.service stays root, because
+    only root may start system units; root's fleet commands and passes use such a directory
+    with USER's file-system identity, so they never leave a file USER cannot open. --run-as,
+    like --telegram, is kept by later runs without it.
 
     Nothing is installed when the manager cannot be reached (a user manager runs only while
     the user is logged in, or lingers): the error says how to start one, or to use --system.
@@ -194,7 +204,14 @@ def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> No
     systemd.manager_environment(scope)
     ensure_dir(wake_dir(app.paths))  # fleet-claim.path watches it
     write_atomic(app.paths.home / systemd.SCOPE_FILE, f"{scope}\n".encode())
-    record(app.paths, Recorded(inst.path, inst.run_as if scope == "system" else None))
+    run_as = inst.run_as if scope == "system" else None
+    record(app.paths, Recorded(inst.path, run_as))
+    if run_as:
+        # After all this run writes there (the configuration's cache too), and before any
+        # unit starts: what the dispatcher creates from now on is theirs too (fleet.runas).
+        from fleet import runas
+
+        runas.hand_over(app.paths, run_as)
     target.mkdir(parents=True, exist_ok=True)
     for name, text in units.items():
         write_atomic(target / name, text.encode(), mode=0o644)
@@ -218,6 +235,8 @@ def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> No
         systemd.systemctl(scope, "stop", WEB_SERVICE, check=False)
         systemd.systemctl(scope, "restart", WEB_SOCKET)
         started += f"; {WEB_SOCKET} listening (fleet web url prints the login link)"
+    if run_as:
+        started += f"; {app.paths.home} belongs to {run_as}"
     click.echo(
         f"installed {len(units)} units in {target}; fleet-claim.path and .timer enabled{started}"
     )
@@ -243,7 +262,9 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     home = app.paths.home
     try:
         st = home.stat()
-        private = st.st_mode & 0o077 == 0 and st.st_uid == os.getuid()
+        # Root uses a state directory handed over with --run-as as its owner (fleet.runas).
+        owned = st.st_uid == os.getuid() or os.geteuid() == 0
+        private = st.st_mode & 0o077 == 0 and owned
         writable = os.access(home, os.W_OK)
         detail = f"{home} ({oct(st.st_mode & 0o777)})"
         results.append((private and writable, "home", detail, f"chmod 700 {home}"))
