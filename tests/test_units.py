@@ -69,6 +69,14 @@ def test_config_refuses_a_memory_limit_systemd_would_misread(value: str) -> None
             unitsyntax.size(value, key)  # a hand-made Config reaching render is refused too
 
 
+def test_a_hand_edited_memory_limit_never_reaches_a_unit(home: Path) -> None:
+    home.mkdir(mode=0o700)
+    (home / "config.toml").write_text('task_memory_max = "4G\\nExecStartPre=/bin/touch /tmp/x"\n')
+    result = run_fleet("setup", "--system", "--dry-run")
+    assert result.code == 5 and "task_memory_max must look like" in result.err
+    assert result.out == ""
+
+
 @pytest.mark.parametrize("value", ["", "infinity", "4G", "512M", "1.5G", "50%", "1048576"])
 def test_memory_limits_systemd_takes_are_kept(value: str) -> None:
     assert run_fleet("config", "set", f"task_memory_max={value}").code == 0
