@@ -368,7 +368,9 @@ SETTINGS: tuple[Setting, ...] = (
         "lease_seconds",
         "int",
         60,
-        "How long a claim holds without being renewed by its runner before the task is recovered.",
+        "How long a claim holds without being renewed by its runner before the task is"
+        " recovered; a claim this host made before it last booted (a crash) is recovered by"
+        " the first dispatch pass after the boot, without waiting.",
         10,
         86400,
     ),
