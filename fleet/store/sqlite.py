@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from fleet import audit, ids
+from fleet import audit, host, ids
 from fleet.errors import Conflict, FleetError, InputError, NotFound, StoreError
 from fleet.model import (
     ATTEMPT_FIELDS,
@@ -1056,9 +1056,11 @@ class SQLiteStore:
         lease_s: float,
         default_coder: str,
         default_model: str | None,
+        boot: str | None = None,
     ) -> list[Task]:
         if n <= 0:
             return []
+        boot = boot or host.boot_id()
         with self._write() as db:
             gates = self._open_gates(db)
             if "pause" in gates:
@@ -1072,7 +1074,11 @@ class SQLiteStore:
             claimed = [
                 t
                 for (task_id,) in picked
-                if (t := self._claim(db, task_id, owner, lease_s, default_coder, default_model))
+                if (
+                    t := self._claim(
+                        db, task_id, owner, lease_s, default_coder, default_model, boot
+                    )
+                )
             ]
             return [self._fetch(db, t) for t in claimed]
 
@@ -1083,13 +1089,15 @@ class SQLiteStore:
         lease_s: float,
         default_coder: str,
         default_model: str | None,
+        boot: str | None = None,
     ) -> Task | None:
+        boot = boot or host.boot_id()
         with self._write() as db:
             ready = db.execute(
                 f"SELECT 1 FROM tasks t WHERE t.id = ? AND {READY_WHERE}", (task_id,)
             ).fetchone()
             if not ready or not self._claim(
-                db, task_id, owner, lease_s, default_coder, default_model
+                db, task_id, owner, lease_s, default_coder, default_model, boot
             ):
                 return None
             return self._fetch(db, task_id)
@@ -1102,17 +1110,19 @@ class SQLiteStore:
         lease_s: float,
         default_coder: str,
         default_model: str | None,
+        boot: str | None,
     ) -> str | None:
         now = now_iso()
         row = db.execute(
             "UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = ?,"
-            " attempts = attempts + 1, coder = COALESCE(coder, ?),"
+            " claim_boot = ?, attempts = attempts + 1, coder = COALESCE(coder, ?),"
             " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
             " updated_at = ? WHERE id = ? AND status = 'ready' AND claimed_by IS NULL"
             " RETURNING attempts, coder, model",
             (
                 owner,
                 iso(time.time() + lease_s),
+                boot,
                 default_coder,
                 default_model or None,
                 now,
@@ -1127,7 +1137,7 @@ class SQLiteStore:
             " VALUES (?, ?, ?, ?, ?, ?)",
             (task_id, row[0], owner, now, row[1], row[2]),
         )
-        self._audit(db, task_id, "claimed", attempt=row[0], owner=owner)
+        self._audit(db, task_id, "claimed", attempt=row[0], owner=owner, boot=boot)
         return task_id
 
     def set_worktree(self, task_id: str, owner: str, branch: str, worktree: str) -> Task:
@@ -1155,6 +1165,19 @@ class SQLiteStore:
             args = (owner,)
         with self._read() as db:
             rows = db.execute(sql + " ORDER BY t.seq", args).fetchall()
+        return [Task.from_json(json.loads(r[0])) for r in rows]
+
+    def stale_claims(self, owner: str, boot: str | None) -> list[Task]:
+        # Only leased claims (a merge's has none): made in a boot of this host other than
+        # `boot`, or with the lease run out.
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {TASK_JSON} FROM tasks t WHERE t.claimed_by = ?"
+                " AND t.lease_until IS NOT NULL AND (t.lease_until < ?"
+                " OR (? IS NOT NULL AND t.claim_boot IS NOT NULL AND t.claim_boot != ?))"
+                " ORDER BY t.seq",
+                (owner, now_iso(), boot, boot),
+            ).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
 
     @staticmethod
@@ -1473,7 +1496,7 @@ class SQLiteStore:
                 " ahead = COALESCE(?, ahead),"
                 # The attempt that ends has used the checkpoint it was to resume from.
                 " resume_from = CASE WHEN ? = 'not-started' THEN resume_from END,"
-                " claimed_by = NULL, lease_until = NULL, updated_at = ?"
+                " claimed_by = NULL, lease_until = NULL, claim_boot = NULL, updated_at = ?"
                 " WHERE id = ? AND claimed_by = ? RETURNING attempts",
                 (
                     reason,
@@ -1595,8 +1618,8 @@ class SQLiteStore:
     def take_merge(self, task_id: str, owner: str) -> Task | None:
         with self._write() as db:
             row = db.execute(
-                "UPDATE tasks SET claimed_by = ?, lease_until = NULL WHERE id = ?"
-                " AND status = 'merging'"
+                "UPDATE tasks SET claimed_by = ?, lease_until = NULL, claim_boot = NULL"
+                " WHERE id = ? AND status = 'merging'"
                 f" AND (claimed_by IS NULL OR claimed_by GLOB '{MERGE_CLAIM}*') RETURNING id",
                 (owner, task_id),
             ).fetchone()
@@ -1618,7 +1641,7 @@ class SQLiteStore:
                 "UPDATE tasks SET status = ?, merge_state = ?, merge_reason = ?,"
                 " merged_commit = COALESCE(?, merged_commit), ahead = COALESCE(?, ahead),"
                 " reason = COALESCE(?, reason), finished_at = ?, updated_at = ?,"
-                " claimed_by = NULL, lease_until = NULL"
+                " claimed_by = NULL, lease_until = NULL, claim_boot = NULL"
                 " WHERE id = ? AND status = ? AND claimed_by IS ? RETURNING id",
                 (
                     status.value,
