@@ -1,8 +1,9 @@
 """fleet-claim: one dispatch pass, then exit.
 
 Under an exclusive lock (so concurrent passes on a host never exceed the cap): consume the wake
-poke, recover stale claims (lease expired and unit not alive: back to ready, attempt recorded as
-lost), close the gates of coders over their daily budget (fleet.budget), then claim up to
+poke, recover stale claims (back to ready, attempt recorded as lost: made in an earlier boot of
+this host, so lost the moment it is up again, or with the lease expired and the unit not alive),
+close the gates of coders over their daily budget (fleet.budget), then claim up to
 `max_concurrent` minus this host's live claims, honouring the pause and per-coder gates, and
 start a fleet-task@ID unit for each. Claims whose unit cannot be started are released at once,
 so no task is stranded.
@@ -27,7 +28,7 @@ from typing import NamedTuple
 from fleet import budget, live, systemd, wake
 from fleet.config import Config
 from fleet.errors import FleetError
-from fleet.host import owner
+from fleet.host import boot_id, owner
 from fleet.model import AttemptEnd
 from fleet.paths import Paths, Scope
 from fleet.store import Store
@@ -57,11 +58,11 @@ def dispatch_lock(paths: Paths, wait: bool = True) -> Iterator[None]:
 
 
 def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> list[str]:
-    """Release the claims of this host whose lease ran out and whose unit is gone (the attempt
-    was lost), with what it spent as its live figures in `paths` last had it. Leases are
-    compared by the store's clock (the database's, on PostgreSQL)."""
-    now = store.now()
-    stale = [t for t in store.claims(me) if t.lease_until is not None and t.lease_until < now]
+    """Release the claims of this host whose attempt was lost (made in an earlier boot of it,
+    or with the lease run out, and the unit gone), with what it spent as its live figures in
+    `paths` last had it. Leases are compared by the store's clock (the database's, on
+    PostgreSQL)."""
+    stale = store.stale_claims(me, boot_id())
     if not stale:
         return []
     alive = systemd.states(scope, (t.id for t in stale))

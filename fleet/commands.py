@@ -25,6 +25,11 @@ def claim(quiet: bool) -> None:
     leave a wake-up that fleet-claim.path sees, and systemd runs it from fleet-claim.service;
     fleet-claim.timer runs it as a safety net. Running it by hand is safe: passes on one host
     take turns.
+
+    A claim is stale once its lease (lease_seconds, renewed by its runner) has run out and its
+    unit is gone; or at once if this host made it before it last booted, since each claim
+    records the boot id (/proc/sys/kernel/random/boot_id): after a crash, the first pass
+    records those attempts as lost and starts their tasks again, without waiting for a lease.
     """
     from fleet import programs
 

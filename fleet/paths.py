@@ -112,8 +112,14 @@ def ensure_dir(path: Path) -> Path:
 
 def state_dir(home: Path) -> Path:
     """The state directory, created if missing; refused if other users may use it. One stat
-    when it exists: every command and program opens the store through here."""
-    mode = _directory(home)
+    when it exists: every command and program opens the store through here, and so, when root
+    opens one that another user owns, goes on as that user's files (fleet.runas)."""
+    found = _directory(home)
+    mode = 0o40700 if found is None else found.st_mode
+    if found is not None:
+        from fleet import runas
+
+        runas.act_as_owner(home, found)
     if mode & 0o077:
         raise StoreError(
             f"the state directory {home} is open to other users (mode {mode & 0o777:04o}):"
@@ -123,8 +129,9 @@ def state_dir(home: Path) -> Path:
     return home
 
 
-def _directory(path: Path) -> int:
-    """The mode of directory `path`, creating it and its missing parents 0700 first."""
+def _directory(path: Path) -> os.stat_result | None:
+    """The status of directory `path`, or None when it was missing and has just been created
+    (mode 0700, with its missing parents)."""
     try:
         found = os.stat(path)
     except FileNotFoundError:
@@ -134,7 +141,7 @@ def _directory(path: Path) -> int:
     if found is not None:
         if not stat.S_ISDIR(found.st_mode):
             raise StoreError(f"{path} exists and is not a directory")
-        return found.st_mode
+        return found
     missing = [path]
     while not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
         missing.append(missing[-1].parent)
@@ -146,7 +153,7 @@ def _directory(path: Path) -> int:
                 raise StoreError(f"{level} exists and is not a directory") from None
         except OSError as e:
             raise _cannot(level, e) from e
-    return 0o40700
+    return None
 
 
 def _cannot(path: Path, e: OSError) -> StoreError:

@@ -30,6 +30,7 @@ from fleet import (
     outcome,
     pricing,
     questions,
+    ratelimit,
     repolock,
     taskdir,
     usage,
@@ -115,8 +116,7 @@ class Limits(NamedTuple):
 
     context: int  # the model's window, tokens
     pressure_pct: int
-    rate_pct: int
-    backoff: float
+    rate: ratelimit.Policy
     # The task's budgets over all its attempts (None: none), and what its earlier ones spent.
     max_cost: float | None = None
     max_tokens: int | None = None
@@ -140,8 +140,7 @@ class Limits(NamedTuple):
         return cls(
             window,
             config.get_int("context_pressure_pct"),
-            config.get_int("rate_limit_pct"),
-            float(config.get_int("rate_limit_backoff_seconds")),
+            ratelimit.Policy.of(config, task.coder or coder.name),
             max_cost,
             max_tokens,
             *spent,
@@ -332,14 +331,11 @@ class Attempt:
     def rate_limit(self, event: Event) -> None:
         """Hold this coder back in fleet-claim when its provider refuses or nears the limit."""
         coder = self.coder_name
-        window = event.limit_type or "default"
+        window = ratelimit.window_of(event)
         resets = event.resets_at
         self.store.record_gauge(coder, window, event.rate_status, event.utilization, resets)
-        used = event.utilization is not None and event.utilization * 100 >= self.limits.rate_pct
-        if event.rate_status == "rejected" or used:
-            until = resets if resets and resets > time.time() else time.time() + self.limits.backoff
-            why = f"{coder} {window} limit: {event.rate_status or 'near'}"
-            self.store.set_gate(f"coder:{coder}", iso(until), why, "rate-limit", window)
+        if held := ratelimit.hold(event, coder, self.limits.rate, time.time()):
+            self.store.set_gate(f"coder:{coder}", iso(held.until), held.why, "rate-limit", window)
 
     def questions_changed(self) -> None:
         """Re-read which question (if any) the agent waits on, after fleet-ask or `fleet

@@ -12,6 +12,7 @@ from typing import Any, Literal, NamedTuple
 
 from fleet.errors import ConfigError
 from fleet.model import ISOLATIONS, MERGE_STRATEGIES
+from fleet.unitsyntax import SIZE, SIZE_EXAMPLE
 
 Kind = Literal["int", "str", "bool", "list", "ids", "table", "sizes", "number", "prices"]
 
@@ -269,8 +270,9 @@ SETTINGS: tuple[Setting, ...] = (
         "rate_limit_pct",
         "int",
         95,
-        "Rate-limit use, in percent, at which no new task is started for that coder until the"
-        " limit resets.",
+        "Rate-limit use, in percent, at which a window a coder watches (its"
+        " rate_limit_windows) holds it back: no new task of it starts until that window resets."
+        " A coder's own rate_limit_pct takes precedence.",
         1,
         100,
     ),
@@ -355,6 +357,8 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "Memory limit of one attempt's whole process tree (MemoryMax=, e.g. 4G); empty for"
         " none. Exceeding it ends the attempt as out of memory. Applied by `fleet setup`.",
+        pattern=SIZE,
+        example=SIZE_EXAMPLE,
     ),
     Setting(
         "slice_memory_max",
@@ -362,6 +366,8 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "Memory limit for all agents together (MemoryMax= of fleet.slice, e.g. 16G); empty for"
         " none. Applied by `fleet setup`.",
+        pattern=SIZE,
+        example=SIZE_EXAMPLE,
     ),
     Setting(
         "slice_cpu_quota_pct",
@@ -391,7 +397,9 @@ SETTINGS: tuple[Setting, ...] = (
         "lease_seconds",
         "int",
         60,
-        "How long a claim holds without being renewed by its runner before the task is recovered.",
+        "How long a claim holds without being renewed by its runner before the task is"
+        " recovered; a claim this host made before it last booted (a crash) is recovered by"
+        " the first dispatch pass after the boot, without waiting.",
         10,
         86400,
     ),
@@ -553,6 +561,26 @@ CODER_SETTINGS: tuple[Setting, ...] = (
         " much, no new task of it starts until the day starts anew (daily_budget_resets_at).",
         0,
         10**9,
+    ),
+    Setting(
+        "rate_limit_windows",
+        "list",
+        ["five_hour"],
+        "The rate-limit windows whose use holds the coder back once it reaches rate_limit_pct,"
+        " until the window resets; named as the coder reports them (five_hour, seven_day,"
+        " seven_day_opus, ...; see `fleet status`), `*` for every window. Not listed by"
+        " default: seven_day, which would hold the coder for days on a warning (before fleet"
+        ' had this setting every window did; `["*"]` restores that). A refusal (rejected)'
+        " holds the coder whatever its window.",
+    ),
+    Setting(
+        "rate_limit_pct",
+        "int",
+        0,
+        "Rate-limit use, in percent, at which one of the coder's rate_limit_windows holds it"
+        " back; 0 means the top-level rate_limit_pct.",
+        0,
+        100,
     ),
     Setting(
         "format",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
+from fleet.errors import FleetError
 from fleet.paths import Paths, Scope, program
 from fleet.proc import run
 
@@ -36,6 +37,31 @@ def scope_for(paths: Paths) -> Scope:
     except OSError:
         return paths.scope
     return "system" if recorded == "system" else "user"
+
+
+# What to do when a manager cannot be reached: `fleet doctor` and `fleet setup` say the same.
+UNREACHABLE_HINT = {
+    "user": "log in (a user manager runs only in a session), or keep it running with"
+    " `loginctl enable-linger $USER`; or install system units with --system",
+    "system": "fleet needs systemd as the init system (or a user manager: --user)",
+}
+# systemd's built-in PATH for the units of a manager that sets none (merged /usr).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+
+
+def manager_environment(scope: Scope) -> dict[str, str]:
+    """The environment the manager of `scope` gives its units; a FleetError with the hint
+    above if it cannot be reached (no session bus, no systemd)."""
+    argv = ["systemctl", *(["--user"] if scope == "user" else []), "show-environment"]
+    result = run(argv, check=False)
+    if result.returncode != 0:
+        why = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+        raise FleetError(
+            f"cannot reach the {scope} manager ({' '.join(argv[:2])}: {why})",
+            hint=UNREACHABLE_HINT[scope],
+        )
+    pairs = (line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    return {name: value for name, value in pairs}
 
 
 def systemctl(scope: Scope, *args: str, check: bool = True) -> str:

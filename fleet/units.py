@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fleet import __version__
+from fleet import unitsyntax as syntax
 from fleet.config import Config
 from fleet.paths import Paths, Scope
 
@@ -27,6 +28,57 @@ class Install(NamedTuple):
     run_as: str | None = None
     telegram: bool = False  # fleet-telegram.service too
     web: bool = False  # fleet-web.socket and fleet-web.service too
+    path: str | None = None  # PATH of every unit; None: the manager's own
+
+
+RECORD_FILE = "setup.json"
+
+
+class Recorded(NamedTuple):
+    """What `fleet setup` chose that the units carry and `fleet doctor` must compare with."""
+
+    path: str | None = None
+    run_as: str | None = None
+
+
+def record(paths: Paths, recorded: Recorded) -> None:
+    import json
+
+    from fleet.fsutil import write_atomic
+
+    text = json.dumps(recorded._asdict(), indent=1) + "\n"
+    write_atomic(paths.home / RECORD_FILE, text.encode())
+
+
+def recorded(paths: Paths) -> Recorded:
+    """What the last `fleet setup` for this state directory chose (nothing if none did)."""
+    import json
+
+    try:
+        values = json.loads((paths.home / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return Recorded()
+    if not isinstance(values, dict):
+        return Recorded()
+    path, run_as = values.get("path"), values.get("run_as")
+    return Recorded(
+        path if isinstance(path, str) and path else None,
+        run_as if isinstance(run_as, str) and run_as else None,
+    )
+
+
+def search_path(env: dict[str, str] | None = None) -> str | None:
+    """The PATH for the units: the PATH of the shell running `fleet setup` (a manager gives
+    its units only its own short default, which misses ~/.local/bin and a node version
+    manager's directory, where coders are installed), less its relative entries, which would
+    name another directory in every working directory."""
+    env = dict(os.environ) if env is None else env
+    kept: list[str] = []
+    for entry in env.get("PATH", "").split(os.pathsep):
+        entry = os.path.normpath(entry) if os.path.isabs(entry) else ""
+        if entry and entry not in kept:
+            kept.append(entry)
+    return os.pathsep.join(kept) or None
 
 
 def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
@@ -39,19 +91,32 @@ def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
 
 
 def _environment(inst: Install) -> str:
-    return f'Environment="FLEET_HOME={inst.paths.home}" "FLEET_SCOPE={inst.scope}"'
+    search = {"PATH": inst.path} if inst.path else {}
+    return syntax.environment(FLEET_HOME=str(inst.paths.home), FLEET_SCOPE=inst.scope, **search)
+
+
+def _program(inst: Install, name: str) -> str:
+    """The quoted absolute path of fleet's program `name`, as the first word of a command."""
+    return syntax.exec_arg(inst.bindir / name, "the directory of fleet's programs")
+
+
+def _user(inst: Install) -> list[str]:
+    if inst.run_as and inst.scope == "system":
+        return [f"User={syntax.user(inst.run_as)}"]
+    return []
 
 
 def render(inst: Install, config: Config) -> dict[str, str]:
     """Unit file name -> content."""
-    home, bindir = inst.paths.home, inst.bindir
+    home = inst.paths.home
+    tasks = syntax.exec_arg(home / "tasks", "FLEET_HOME", tail="/%i")
     target = "default.target" if inst.scope == "user" else "multi-user.target"
     grace = config.get_int("stop_grace_seconds")
     timeout = config.get_int("task_timeout_seconds")
-    memory = config.get_str("slice_memory_max") or "infinity"
+    memory = syntax.size(config.get_str("slice_memory_max"), "slice_memory_max")
     cpu = config.get_int("slice_cpu_quota_pct")
-    tasks = config.get_int("slice_tasks_max")
-    user = [f"User={inst.run_as}"] if inst.run_as and inst.scope == "system" else []
+    processes = config.get_int("slice_tasks_max")
+    user = _user(inst)
     units = {
         "fleet-task@.service": [
             "[Unit]",
@@ -64,17 +129,17 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "NotifyAccess=main",
             _environment(inst),
             *user,
-            f"ExecStart={bindir}/fleet-run %i",
+            f"ExecStart={_program(inst, 'fleet-run')} %i",
             # fleet-reap only when fleet-run did not settle the attempt itself ($$: for sh).
             'ExecStopPost=/bin/sh -c \'test -e "$$0/.settled-$$INVOCATION_ID" || exec "$$@"\''
-            f" {home}/tasks/%i {bindir}/fleet-reap %i",
+            f" {tasks} {_program(inst, 'fleet-reap')} %i",
             "Slice=fleet.slice",
             "KillMode=control-group",
             "TimeoutStartSec=60",
             f"TimeoutStopSec={grace + 15}",
             f"WatchdogSec={config.get_int('watchdog_seconds')}",
             f"RuntimeMaxSec={timeout or 'infinity'}",
-            f"MemoryMax={config.get_str('task_memory_max') or 'infinity'}",
+            f"MemoryMax={syntax.size(config.get_str('task_memory_max'), 'task_memory_max')}",
             "LogRateLimitIntervalSec=1s",
             f"LogRateLimitBurst={LOG_BURST}",
             "Restart=no",
@@ -87,7 +152,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "[Slice]",
             f"MemoryMax={memory}",
             f"CPUQuota={cpu}%" if cpu else "CPUQuota=",
-            f"TasksMax={tasks or 'infinity'}",
+            f"TasksMax={processes or 'infinity'}",
         ],
         "fleet-claim.service": [
             "[Unit]",
@@ -98,8 +163,9 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "[Service]",
             "Type=oneshot",
             _environment(inst),
-            *user,
-            f"ExecStart={bindir}/fleet-claim --quiet",
+            # Root even with --run-as: only root starts system units without asking polkit.
+            # It uses the state directory as its owner (fleet.runas).
+            f"ExecStart={_program(inst, 'fleet-claim')} --quiet",
         ],
         "fleet-claim.path": [
             "[Unit]",
@@ -108,8 +174,8 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "",
             "[Path]",
             # Level-triggered: a poke made during a pass starts another one.
-            f"DirectoryNotEmpty={home}/wake",
-            f"PathChanged={inst.paths.config_file}",
+            f"DirectoryNotEmpty={syntax.path(home / 'wake', 'FLEET_HOME')}",
+            f"PathChanged={syntax.path(inst.paths.config_file, 'the configuration file')}",
             "Unit=fleet-claim.service",
             "",
             "[Install]",
@@ -150,7 +216,7 @@ def _telegram(inst: Install, config: Config, user: list[str], target: str) -> li
     credential = []
     if system and config.get_bool("telegram_credential"):
         path = os.path.expanduser(config.get_str("telegram_token_file").strip())
-        credential = [f"LoadCredential={CREDENTIAL}:{path}"]
+        credential = [f"LoadCredential={CREDENTIAL}:{syntax.path(path, 'telegram_token_file')}"]
     return [
         "[Unit]",
         "Description=fleet Telegram bot (answers, commands, notifications)",
@@ -163,7 +229,7 @@ def _telegram(inst: Install, config: Config, user: list[str], target: str) -> li
         _environment(inst),
         *user,
         *credential,
-        f"ExecStart={inst.bindir}/fleet-telegram",
+        f"ExecStart={_program(inst, 'fleet-telegram')}",
         "Restart=on-failure",
         "RestartSec=5s",
         "RestartPreventExitStatus=75",
@@ -185,12 +251,13 @@ def _web(inst: Install, config: Config, user: list[str]) -> dict[str, list[str]]
 
     listen = parse(config.get_str("web_listen"))
     if listen.path is not None:
-        where = [f"ListenStream={listen.path}", "SocketMode=0600"]
+        where = [f"ListenStream={syntax.path(listen.path, 'web_listen')}", "SocketMode=0600"]
         if inst.run_as and inst.scope == "system":
-            where.append(f"SocketUser={inst.run_as}")
+            where.append(f"SocketUser={syntax.user(inst.run_as)}")
     else:
         host = f"[{listen.host}]" if listen.host and ":" in listen.host else listen.host
-        where = [f"ListenStream={host}:{listen.port}", "FreeBind=yes"]
+        address = syntax.text(f"{host}:{listen.port}", "web_listen")
+        where = [f"ListenStream={address}", "FreeBind=yes"]
     target = "sockets.target"
     return {
         WEB_SOCKET: [
@@ -217,7 +284,7 @@ def _web(inst: Install, config: Config, user: list[str]) -> dict[str, list[str]]
             "NotifyAccess=main",
             _environment(inst),
             *user,
-            f"ExecStart={inst.bindir}/fleet web",
+            f"ExecStart={_program(inst, 'fleet')} web",
             "Restart=on-failure",
             "RestartSec=2s",
             "TimeoutStopSec=15",

@@ -185,6 +185,25 @@ def store_at_version(home: Path, version: int) -> sqlite3.Connection:
     return db
 
 
+def pg_store_at_version(cluster: Any, version: int, *statements: str) -> str:
+    """The URL of a new PostgreSQL database as fleet's schema `version` left it, with
+    `statements` run in it, for migration tests (the twin of `store_at_version`)."""
+    import psycopg
+
+    from fleet.store.pgschema import MIGRATIONS
+
+    url = str(cluster.new_database(template=None))
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        for step in MIGRATIONS[:version]:
+            for sql in step:
+                conn.execute(sql.encode())
+        conn.execute(b"CREATE TABLE fleet_schema (version INTEGER NOT NULL)")
+        conn.execute(f"INSERT INTO fleet_schema VALUES ({int(version)})".encode())
+        for sql in statements:
+            conn.execute(sql.encode())
+    return url
+
+
 BACKENDS = ("sqlite", "postgresql")
 
 

@@ -12,10 +12,14 @@ lets the host's enabled units start. So the sandbox's systemd sees:
 * private tmpfs mounts on /run, /dev, /etc/systemd, /var/lib/systemd and /var/log/journal, with
   ``DIR/units`` as /etc/systemd/system and ``DIR/user-units`` as /etc/systemd/user;
 * the vendor ``*.wants`` directories and the system generators hidden, so that only journald,
-  its sockets and ``dbus.socket`` start, plus whatever a test enables in ``DIR/units``.
+  its sockets and ``dbus.socket`` start, plus whatever a test enables in ``DIR/units``;
+* a boot id of its own (``Sandbox.boot_id``, read-only over /proc/sys/kernel/random/boot_id):
+  the kernel's is one per boot of the VM, shared by every namespace, but each sandbox is a boot
+  of the machine it stands for, and what keys on the boot (fleet's claims, ``journalctl -b``)
+  must see a new one as it would after a real reboot.
 
 Shared with the host on purpose: /tmp (tests exchange files through ``tmp_path``), /usr, /home,
-the network, /proc/sys and /sys. The in-namespace steps are in ``sandbox_boot.sh``.
+the network, the rest of /proc/sys, and /sys. The in-namespace steps are in ``sandbox_boot.sh``.
 
 Use the ``systemd`` fixture (one sandbox per test module), ``sandbox_factory`` (sandboxes with
 options, or several at once), or ``with Sandbox.boot(directory) as box:``. A test module gets
@@ -45,6 +49,7 @@ import select
 import signal
 import subprocess
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -198,6 +203,8 @@ class Sandbox:
     """DIR/user-units, which the sandbox sees as /etc/systemd/user."""
     cgroup: str
     """The sandbox's cgroup, relative to the root of each hierarchy."""
+    boot_id: str
+    """The id every process of this boot reads from /proc/sys/kernel/random/boot_id."""
     boot_state: str
     """What `systemctl is-system-running --wait` said at the end of boot."""
     boot_seconds: float
@@ -220,6 +227,7 @@ class Sandbox:
         self._nsfd: int | None = None
         self._stopped = False
         self.pid = 0
+        self.boot_id = ""
         self.boot_state = ""
         self.boot_seconds = 0.0
         self.stop_seconds = None
@@ -259,6 +267,9 @@ class Sandbox:
         journald = _ini("Journal", ("Storage=volatile", "ReadKMsg=no", *journald_conf))
         _write(directory / "conf" / "journald.conf", journald)
         _write(directory / "conf" / "system.conf", _ini("Manager", manager_conf))
+        # A new id for every boot, in the kernel's format (sandbox_boot.sh mounts it).
+        boot_id = str(uuid.uuid4())
+        _write(directory / "conf" / "boot_id", boot_id + "\n")
 
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", directory.name)[:40]
         cgroup = f"{CGROUP_BASE}/{tag}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -283,6 +294,7 @@ class Sandbox:
                 start_new_session=True,  # a Ctrl-C meant for pytest must not kill it mid-test
             )
         box = cls(directory, cgroup, hierarchies, unshare)
+        box.boot_id = boot_id
         _RUNNING.add(box)
         try:
             box._await_boot(started + timeout)

@@ -8,7 +8,7 @@
 #   sandbox_boot.sh DIR CGROUP
 #
 # DIR     the sandbox directory prepared by Sandbox.boot(): units/, user-units/,
-#         conf/journald.conf, conf/system.conf, console.log
+#         conf/journald.conf, conf/system.conf, conf/boot_id, console.log
 # CGROUP  path of the sandbox's own cgroup, relative to each hierarchy's root
 # $SANDBOX_HIERARCHIES  newline-separated cgroup hierarchy mount points
 # $SANDBOX_TMPFS        newline-separated extra directories to cover with a tmpfs
@@ -40,6 +40,12 @@ while IFS= read -r path; do
 done <<END
 ${SANDBOX_TMPFS:-}
 END
+
+# The boot id: the kernel keeps one for the whole VM, but this is a boot of its own, and what
+# tells boots apart (fleet's claims, the journal) must see a new id, as after a real reboot.
+# Read-only, like the kernel's.
+mount --bind "$dir/conf/boot_id" /proc/sys/kernel/random/boot_id
+mount -o remount,bind,ro /proc/sys/kernel/random/boot_id
 
 # /dev: the host's is a shared devtmpfs, where journald would create /dev/log.
 mount -t tmpfs -o mode=0755,nosuid sandbox-dev /dev

@@ -23,6 +23,7 @@ systemd = sandbox.systemd
 sandbox_factory = sandbox.sandbox_factory
 
 Boot = Callable[..., Sandbox]
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
 
 def processes_in(ns_fd: int) -> list[int]:
@@ -221,6 +222,23 @@ def test_two_sandboxes_see_only_their_own_units(sandbox_factory: Boot) -> None:
         "active",
         "active",
     ]
+
+
+def test_every_boot_has_a_boot_id_of_its_own(sandbox_factory: Boot) -> None:
+    kernel = Path(BOOT_ID_FILE).read_text().strip()
+    first, second = sandbox_factory(), sandbox_factory()
+    boot_ids = BOOT_ID_FILE
+    for box in (first, second):
+        assert box.run("cat", boot_ids).stdout.strip() == box.boot_id
+        # A service reads it too, and journald stamps the boot's entries with it.
+        box.run("systemd-run", "--wait", "-u", "readboot", "--", "/bin/cat", boot_ids)
+        (entry,) = box.journal("_SYSTEMD_UNIT=readboot.service")
+        assert entry["MESSAGE"] == box.boot_id
+        assert entry["_BOOT_ID"] == box.boot_id.replace("-", "")
+        with pytest.raises(CommandFailed):  # read-only, as the kernel's
+            box.run("sh", "-c", f"echo x > {boot_ids}")
+    assert len({kernel, first.boot_id, second.boot_id}) == 3
+    assert Path(boot_ids).read_text().strip() == kernel
 
 
 def test_stop_leaves_no_process_cgroup_or_host_change(

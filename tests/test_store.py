@@ -21,7 +21,7 @@ from fleet.store import Store, TaskFilter, open_store
 from fleet.store.base import BadSpec
 from fleet.store.schema import VERSION
 from fleet.timeutil import parse
-from tests.conftest import Fleet, run_fleet
+from tests.conftest import Fleet, pg_store_at_version, run_fleet, store_at_version, store_rows
 
 
 @pytest.fixture
@@ -135,6 +135,100 @@ def test_renew_release_and_finish_are_compare_and_set_on_the_owner(
     second = store.attempts(t.id)[1]
     assert (second.n, second.exit_status, second.tokens_in, second.cost) == (2, 1, 10, 0.01)
     assert not store.renew(t.id, "c", 60)  # the claim ended with the attempt
+
+
+def test_a_claim_of_an_earlier_boot_is_stale_at_once_one_of_this_boot_is_not(
+    store: Store, project: Path
+) -> None:
+    old, now, expired, elsewhere = (t.id for t in store.add([spec(n, project) for n in "abcd"]))
+    hour = 3600
+    assert [t.id for t in store.claim(1, "host", hour, "claude", None, boot="boot-1")] == [old]
+    assert [t.id for t in store.claim(1, "host", hour, "claude", None, boot="boot-2")] == [now]
+    assert [t.id for t in store.claim(1, "host", -1, "claude", None, boot="boot-2")] == [expired]
+    assert [t.id for t in store.claim(1, "other", hour, "claude", None, boot="boot-1")] == [
+        elsewhere
+    ]
+    # In boot-2 of the host, its claim of boot-1 is lost though its lease has an hour to go;
+    # one of this boot only once its lease runs out; another host's is never this host's.
+    assert [t.id for t in store.stale_claims("host", "boot-2")] == [old, expired]
+    assert [t.id for t in store.stale_claims("host", "boot-1")] == [now, expired]
+    # A host that cannot tell its boot goes by the lease alone.
+    assert [t.id for t in store.stale_claims("host", None)] == [expired]
+    assert store.release(old, "host", AttemptEnd("lost")).status == Status.READY
+    assert [t.id for t in store.stale_claims("host", "boot-2")] == [expired]
+    # Claimed again in this boot, it is not stale any more.
+    assert [t.id for t in store.claim(1, "host", hour, "claude", None, boot="boot-2")] == [old]
+    assert [t.id for t in store.stale_claims("host", "boot-2")] == [expired]
+    assert [a.outcome for a in store.attempts(old)] == ["lost", None]
+
+
+def test_a_claim_from_before_boots_were_recorded_goes_by_its_lease(
+    backend: str, home: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = 8  # the schema before the boot of a claim (the ninth migration)
+    insert = (
+        "INSERT INTO tasks (id, title, cwd, created_at, updated_at, status, attempts, claimed_by,"
+        " lease_until) VALUES ('fl-aaaaaa', 't', '/', '2026-11-30T10:00:00.000Z',"
+        " '2026-11-30T10:00:00.000Z', 'running', 1, 'host', '2099-01-01T00:00:00.000Z')"
+    )
+    if backend == "postgresql":
+        cluster = request.getfixturevalue("pg_cluster")
+        monkeypatch.setenv("FLEET_STORE", pg_store_at_version(cluster, before, insert))
+    else:
+        db = store_at_version(home, before)
+        db.execute(insert)
+        db.commit()
+        db.close()
+    s = open_store(resolve())
+    try:
+        assert [t.id for t in s.stale_claims("host", "any boot")] == []
+        assert [t.id for t in s.claims("host")] == ["fl-aaaaaa"]
+    finally:
+        s.close()
+
+
+@pytest.mark.postgresql_only
+def test_both_backends_hold_the_same_columns_at_each_schema_version(
+    backend: str, home: Path, pg_cluster: Any
+) -> None:
+    import psycopg
+
+    from fleet.store import pgschema, schema
+
+    assert pgschema.VERSION == schema.VERSION
+    # From the version PostgreSQL came in at (its first step that is not empty).
+    first = next(n for n, step in enumerate(pgschema.MIGRATIONS, 1) if step)
+    assert first == 8
+    for version in range(first, schema.VERSION + 1):
+        db = store_at_version(home / f"v{version}", version)
+        lite = {
+            (table, column)
+            for (table,) in db.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            ).fetchall()
+            for (_, column, *_) in db.execute(f"PRAGMA table_info({table})").fetchall()
+        }
+        db.close()
+        with psycopg.connect(pg_store_at_version(pg_cluster, version), autocommit=True) as pg:
+            rows = pg.execute(
+                b"SELECT table_name, column_name FROM information_schema.columns"
+                b" WHERE table_schema = current_schema() AND table_name <> 'fleet_schema'"
+            ).fetchall()
+        assert {(str(t), str(c)) for t, c in rows} == lite, f"schema version {version}"
+    # A new database is migrated to the same version by the store itself.
+    assert store_rows(home, "SELECT version FROM fleet_schema") == [(schema.VERSION,)]
+
+
+def test_a_claim_records_the_boot_of_this_process(store: Store, project: Path) -> None:
+    from fleet.host import boot_id
+
+    this = boot_id()
+    assert this and this == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    (t,) = store.add([spec("t", project)])
+    claim(store, owner="host")
+    assert store.stale_claims("host", this) == []
+    assert [s.id for s in store.stale_claims("host", "an earlier boot")] == [t.id]
+    assert store.history(t.id)[-1].detail["boot"] == this
 
 
 def test_a_person_closing_a_running_task_wins_over_the_attempt(store: Store, project: Path) -> None:

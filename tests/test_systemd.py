@@ -297,26 +297,50 @@ def test_cancel_stops_a_running_task(fleet: Fleet) -> None:
     assert fleet.outcomes(task_id) == ["killed"]
 
 
-def test_a_crash_loses_no_task_and_runs_none_twice(sandbox_factory: Any, tmp_path: Path) -> None:
+def test_a_crash_loses_no_task_runs_none_twice_and_the_first_pass_after_boot_restarts_them(
+    sandbox_factory: Any, tmp_path: Path
+) -> None:
     home = tmp_path / "home"
     project = tmp_path / "project"
     project.mkdir()
     # The first attempt hangs; once the machine is back the second one finishes.
     script = 'test -f "$FLEET_TASK_DIR/ran" && exit 0; touch "$FLEET_TASK_DIR/ran"; sleep 600'
     first = Fleet(sandbox_factory(), home, project)
-    first.setup("default_coder=command", "lease_seconds=10", "max_concurrent=3")
+    # Leases of an hour: only the boot can tell that the claims were lost with the machine.
+    first.setup("default_coder=command", "lease_seconds=3600", "max_concurrent=3")
     task_ids = [first.add(script) for _ in range(3)]
     for task_id in task_ids:
         first.wait_running(task_id)
     os.kill(first.box.pid, signal.SIGKILL)  # the whole namespace dies: no ExecStopPost runs
     first.box.stop()
     second = Fleet(sandbox_factory(), home, project)
+    assert second.box.boot_id != first.box.boot_id
+    since = cursor(second.box)
     second.setup()
     assert second.wait(*task_ids, timeout=55) == 0
     for task_id in task_ids:
         attempts = second.show(task_id)["attempt_log"]
         assert [a["outcome"] for a in attempts] == ["lost", "success"]
         assert attempts[0]["ended_at"] <= attempts[1]["started_at"]  # never two at once
+        history = json.loads(second("history", task_id, "--json").stdout)
+        boots = [e["detail"]["boot"] for e in history if e["action"] == "claimed"]
+        assert boots == [first.box.boot_id, second.box.boot_id]
+    # The first dispatch pass of the new boot recovered all three and started them again.
+    entries = second.box.journal(f"--after-cursor={since}")
+    passes = [
+        e
+        for e in entries
+        if e.get("MESSAGE_ID") == UNIT_STARTING and e.get("UNIT") == "fleet-claim.service"
+    ]
+    first_pass = passes[0]["INVOCATION_ID"]
+    said = [
+        str(e["MESSAGE"])
+        for e in entries
+        if e.get("_SYSTEMD_INVOCATION_ID") == first_pass
+        and e.get("_SYSTEMD_UNIT") == "fleet-claim.service"
+    ]
+    summary = f"started 3: {' '.join(task_ids)}; recovered 3; running 3"
+    assert [line for line in said if line.startswith("started ")] == [summary], said
     shutil.rmtree(home)
 
 

@@ -175,6 +175,9 @@ def test_every_page_looks_right_on_a_desktop_and_a_phone(
                     page.locator("#transcript .msg", has_text="writing plan").wait_for(
                         timeout=DEADLINE_MS
                     )
+                    if name == "desktop":  # the attempts table is whole, not scrolled
+                        box = page.locator(".scroll", has=page.locator("th", has_text="cost"))
+                        assert box.evaluate("e => e.scrollWidth <= e.clientWidth")
                 wide = page.evaluate("document.documentElement.scrollWidth")
                 assert wide <= viewport["width"] + 1, (name, label, wide, page.evaluate(WIDE))
                 shoot(page, f"{name}-{label}")

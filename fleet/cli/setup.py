@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 import click
 
 from fleet.cli.app import App, cli, pass_app
-from fleet.errors import FleetError
+from fleet.errors import FleetError, InputError
 from fleet.output import emit_objects, emit_table, fmt_of, output_options
 from fleet.paths import Scope
 
 if TYPE_CHECKING:
     from fleet.config import Config
+    from fleet.units import Install
 
 scope_options = (
     click.option("--user", "scope", flag_value="user", help="Your own units (systemctl --user)."),
@@ -46,7 +47,12 @@ def _bindir() -> Path:
 @cli.command()
 @scope_options[0]
 @scope_options[1]
-@click.option("--run-as", metavar="USER", help="With --system: run agents as this user.")
+@click.option(
+    "--run-as",
+    metavar="USER",
+    help="With --system: run agents as this user (an existing account), who is given the state"
+    " directory.",
+)
 @click.option(
     "--telegram",
     is_flag=True,
@@ -78,10 +84,41 @@ def setup(
     FLEET_HOME in use, reloads systemd, and enables the path and timer units (with --web
     also fleet-web.socket and fleet-web.service). Running it again updates them; it is always
     safe.
+
+    The units run with the PATH of the shell that runs fleet setup (its relative entries
+    left out), because a manager gives its units only a short default PATH of its own, which
+    misses coders installed in ~/.local/bin or by a node version manager: run it again from a
+    shell whose PATH finds the coders after installing or moving one.
+
+    With --run-as USER the agents (fleet-task@.service, and the bot and the dashboard) run as
+    USER, and the state directory (and /etc/fleet, when the configuration is there) is handed
+    to USER: everything in it owned by USER, mode 0700, so USER's own `fleet` commands work
+    too (with FLEET_SCOPE=system, or FLEET_HOME). fleet-claim.service stays root, because
+    only root may start system units; root's fleet commands and passes use such a directory
+    with USER's file-system identity, so they never leave a file USER cannot open. --run-as,
+    like --telegram, is kept by later runs without it.
+
+    Nothing is installed when the manager cannot be reached (a user manager runs only while
+    the user is logged in, or lingers): the error says how to start one, or to use --system.
+
+    Every value that goes into a unit is checked and escaped as systemd.syntax(7) says, so a
+    FLEET_HOME with spaces, quotes, `%` or `$` works; one that a unit file cannot hold (a
+    newline or another control character) is refused, and so are a memory limit systemd would
+    read differently and a --run-as that names no account here.
     """
-    from fleet.units import TELEGRAM, WEB_SOCKET, Install, render, unit_dir
+    from fleet import unitsyntax
+    from fleet.units import TELEGRAM, WEB_SOCKET, Install, recorded, render, search_path, unit_dir
 
     chosen = _scope(app, scope)
+    if run_as is None and chosen == "system":
+        run_as = recorded(app.paths).run_as  # kept, as --telegram is: never root by surprise
+    elif run_as is not None:
+        unitsyntax.user(run_as)  # before it goes into a hint
+        if chosen != "system":
+            raise InputError(
+                "--run-as needs --system: user units run as their user",
+                hint=f"fleet setup --system --run-as {run_as}",
+            )
     target = unit_dir(chosen)
     if telegram and not uninstall:
         _check_telegram(app.config)
@@ -89,7 +126,7 @@ def setup(
     web = web or uninstall or (target / WEB_SOCKET).exists()
     if web and not uninstall:
         _check_web(app.config)
-    inst = Install(chosen, app.paths, _bindir(), run_as, telegram, web)
+    inst = Install(chosen, app.paths, _bindir(), run_as, telegram, web, search_path())
     units = render(inst, app.config)
     if dry_run:
         for name, text in units.items():
@@ -97,7 +134,7 @@ def setup(
     elif uninstall:
         _uninstall(chosen, target, units)
     else:
-        _install(app, chosen, target, units)
+        _install(app, inst, target, units)
 
 
 def _check_telegram(config: Config) -> None:
@@ -132,6 +169,7 @@ def _uninstall(scope: Scope, target: Path, units: dict[str, str]) -> None:
     from fleet import systemd
     from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM, WEB_SERVICE, WEB_SOCKET
 
+    systemd.manager_environment(scope)  # reachable, before anything is removed
     systemd.systemctl(
         scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, check=False
     )
@@ -143,7 +181,7 @@ def _uninstall(scope: Scope, target: Path, units: dict[str, str]) -> None:
     click.echo(f"removed fleet's units from {target}")
 
 
-def _install(app: App, scope: Scope, target: Path, units: dict[str, str]) -> None:
+def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> None:
     from fleet import systemd
     from fleet.fsutil import write_atomic
     from fleet.paths import ensure_dir
@@ -155,12 +193,25 @@ def _install(app: App, scope: Scope, target: Path, units: dict[str, str]) -> Non
         TELEGRAM,
         WEB_SERVICE,
         WEB_SOCKET,
+        Recorded,
         catalog,
+        record,
     )
     from fleet.wake import wake_dir
 
+    scope = inst.scope
+    # Units that no manager would load are not installed: a session-less user says so first.
+    systemd.manager_environment(scope)
     ensure_dir(wake_dir(app.paths))  # fleet-claim.path watches it
     write_atomic(app.paths.home / systemd.SCOPE_FILE, f"{scope}\n".encode())
+    run_as = inst.run_as if scope == "system" else None
+    record(app.paths, Recorded(inst.path, run_as))
+    if run_as:
+        # After all this run writes there (the configuration's cache too), and before any
+        # unit starts: what the dispatcher creates from now on is theirs too (fleet.runas).
+        from fleet import runas
+
+        runas.hand_over(app.paths, run_as)
     target.mkdir(parents=True, exist_ok=True)
     for name, text in units.items():
         write_atomic(target / name, text.encode(), mode=0o644)
@@ -184,6 +235,8 @@ def _install(app: App, scope: Scope, target: Path, units: dict[str, str]) -> Non
         systemd.systemctl(scope, "stop", WEB_SERVICE, check=False)
         systemd.systemctl(scope, "restart", WEB_SOCKET)
         started += f"; {WEB_SOCKET} listening (fleet web url prints the login link)"
+    if run_as:
+        started += f"; {app.paths.home} belongs to {run_as}"
     click.echo(
         f"installed {len(units)} units in {target}; fleet-claim.path and .timer enabled{started}"
     )
@@ -195,21 +248,23 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     from fleet import systemd
     from fleet.config import load
     from fleet.store import open_store
-    from fleet.units import ENABLED, TELEGRAM, WEB_SOCKET, Install, render, unit_dir
+    from fleet.units import ENABLED, TELEGRAM, WEB_SOCKET, Install, recorded, render, unit_dir
 
     results: list[tuple[bool, str, str, str]] = []
     flag = " --user" if scope == "user" else ""
     try:
         state = systemd.systemctl(scope, "is-system-running", check=False).strip()
         ok = state in ("running", "degraded", "starting", "initializing")
-        fix = "start a user session (loginctl enable-linger) or use --system"
+        fix = systemd.UNREACHABLE_HINT[scope]
         results.append((ok, "systemd", f"{scope} manager: {state or 'unreachable'}", fix))
     except FleetError as e:
         results.append((False, "systemd", e.message, "install systemd"))
     home = app.paths.home
     try:
         st = home.stat()
-        private = st.st_mode & 0o077 == 0 and st.st_uid == os.getuid()
+        # Root uses a state directory handed over with --run-as as its owner (fleet.runas).
+        owned = st.st_uid == os.getuid() or os.geteuid() == 0
+        private = st.st_mode & 0o077 == 0 and owned
         writable = os.access(home, os.W_OK)
         detail = f"{home} ({oct(st.st_mode & 0o777)})"
         results.append((private and writable, "home", detail, f"chmod 700 {home}"))
@@ -232,7 +287,9 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
         target = unit_dir(scope)
         telegram = (target / TELEGRAM).exists()
         web = (target / WEB_SOCKET).exists()
-        inst = Install(scope, app.paths, bindir, None, telegram, web)
+        chosen = recorded(app.paths)
+        run_as = chosen.run_as if scope == "system" else None
+        inst = Install(scope, app.paths, bindir, run_as, telegram, web, chosen.path)
         for name, text in render(inst, config).items():
             path = target / name
             current = path.read_text() if path.exists() else None
@@ -247,8 +304,9 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
 
     names = {config.get_str("default_coder")}
     names |= {k.split(".")[1] for k in config.values if k.startswith("coders.")}
+    search = units_path(app, scope)
     for name in sorted(names):
-        results.append(coder_check(config, name))
+        results.append(coder_check(config, name, search))
     results.extend(worktree_checks(app, config, repair))
     results.extend(notify_checks(app, config, scope))
     return results
@@ -312,8 +370,23 @@ def worktree_checks(app: App, config: Config, fix: bool) -> list[tuple[bool, str
     return rows
 
 
-def coder_check(config: Config, name: str) -> tuple[bool, str, str, str]:
-    """Whether coder `name` can run here: its class or declaration, its binary, its version."""
+def units_path(app: App, scope: Scope) -> str:
+    """The PATH the units run with: the one `fleet setup` gave them, else their manager's."""
+    from fleet import systemd
+    from fleet.units import recorded
+
+    chosen = recorded(app.paths).path
+    if chosen:
+        return chosen
+    try:
+        return systemd.manager_environment(scope).get("PATH") or systemd.DEFAULT_PATH
+    except FleetError:
+        return systemd.DEFAULT_PATH
+
+
+def coder_check(config: Config, name: str, search: str | None = None) -> tuple[bool, str, str, str]:
+    """Whether coder `name` can run here: its class or declaration, its binary, its version.
+    `search` is the PATH its units run with (None: this process's own, an agent's)."""
     from fleet import coders
     from fleet.proc import run
 
@@ -321,26 +394,31 @@ def coder_check(config: Config, name: str) -> tuple[bool, str, str, str]:
         coder = coders.get(config, name)
     except FleetError as e:
         return False, "coder", f"{name}: {e.message}", e.hint or ""
-    found = shutil.which(coder.binary)
+    found = shutil.which(coder.binary, path=search)
+    where = "" if search is None else " on the units' PATH"
     if found is None:
+        shell = shutil.which(coder.binary) if search is not None else None
+        also = f" (your shell finds {shell}: run fleet setup from it)" if shell else ""
         return (
             False,
             "coder",
-            f"{name}: {coder.binary} not found",
-            f"install it, or set coders.{name}.binary",
+            f"{name}: {coder.binary} not found{where}{also}",
+            f"install it, or set coders.{name}.binary to its absolute path",
         )
     if not type(coder).tested_versions:
-        return True, "coder", f"{name}: {found}", ""
+        return True, "coder", f"{name}: {found}{where}", ""
     try:
         # Some CLIs write into their home even for --version: give them a throwaway one.
         with tempfile.TemporaryDirectory() as scratch:
             env = {"HOME": scratch, "GEMINI_CLI_HOME": scratch, "XDG_CONFIG_HOME": scratch}
+            if search is not None:  # `#!/usr/bin/env node` must find node there too
+                env["PATH"] = search
             version = run([found, "--version"], timeout=20, env=env).stdout.strip().splitlines()[0]
     except (FleetError, IndexError):
         return False, "coder", f"{name}: {found} does not report a version", "reinstall it"
     known = any(v in version for v in type(coder).tested_versions)
     note = "known to fleet" if known else "not a version fleet was tested with"
-    return True, "coder", f"{name}: {found} {version} ({note})", ""
+    return True, "coder", f"{name}: {found}{where} {version} ({note})", ""
 
 
 @cli.command()
@@ -357,6 +435,10 @@ def coder_check(config: Config, name: str) -> tuple[bool, str, str, str]:
 def doctor(app: App, scope: str | None, fix: bool, fmt: str | None) -> int:
     """Check that fleet can run here: systemd, units, state directory, configuration, coders,
     and worktrees left behind by finished tasks.
+
+    Coders are looked for on the PATH the units run with (the one fleet setup recorded, else
+    the manager's), not on the shell's: a coder only the shell finds is a failure, with the
+    fix.
 
     Prints one line per check with a fix for each failure; exits 1 if any check failed. A
     worktree with uncommitted changes or commits its base lacks is reported, never removed.

@@ -198,6 +198,12 @@ class Store(Protocol):
         """Tasks with a claim (of `owner`, or of anyone)."""
         ...
 
+    def stale_claims(self, owner: str, boot: str | None) -> list[Task]:
+        """The claims of host `owner`, now in boot `boot`, that may have lost their process:
+        their lease ran out, or they were made in another boot of the host (every process of
+        which is gone). A claim whose boot is unknown is stale only once its lease runs out."""
+        ...
+
     def gates(self) -> dict[str, tuple[str | None, str | None]]:
         """Open gates: name -> (until or None for indefinitely, reason)."""
         ...
@@ -334,7 +340,11 @@ class Store(Protocol):
         lease_s: float,
         default_coder: str,
         default_model: str | None,
-    ) -> list[Task]: ...
+        boot: str | None = None,
+    ) -> list[Task]:
+        """Claim up to `n` ready tasks for `owner`, in boot `boot` of it (None: this process's,
+        fleet.host.boot_id), each with a lease of `lease_s` seconds."""
+        ...
 
     def claim_task(
         self,
@@ -343,8 +353,9 @@ class Store(Protocol):
         lease_s: float,
         default_coder: str,
         default_model: str | None,
+        boot: str | None = None,
     ) -> Task | None:
-        """Claim this one task if it is claimable now; None otherwise."""
+        """Claim this one task if it is claimable now (as `claim` does); None otherwise."""
         ...
 
     def renew(self, task_id: str, owner: str, lease_s: float, attempt: int | None = None) -> bool:

@@ -324,6 +324,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "INSERT INTO gate_log (name, kind, reason, started_at, until)"
         " SELECT name, kind, reason, created_at, until FROM gates",
     ),
+    (
+        # The boot of its host a claim was made in (fleet.host.boot_id; null where unknown):
+        # a claim of this host from an earlier boot is lost the moment the host is up again,
+        # since every process of that boot is gone, and need not wait for its lease.
+        "ALTER TABLE tasks ADD COLUMN claim_boot TEXT",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

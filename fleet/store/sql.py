@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
-from fleet import audit, ids
+from fleet import audit, host, ids
 from fleet.errors import Conflict, FleetError, InputError, NotFound, StoreError
 from fleet.model import (
     ATTEMPT_FIELDS,
@@ -887,9 +887,11 @@ class SQLStore:
         lease_s: float,
         default_coder: str,
         default_model: str | None,
+        boot: str | None = None,
     ) -> list[Task]:
         if n <= 0:
             return []
+        boot = boot or host.boot_id()
         with self._write(shared=True) as db:
             gates = self._open_gates(db)
             if "pause" in gates:
@@ -897,7 +899,15 @@ class SQLStore:
             gated = [g[6:] for g in gates if g.startswith("coder:")]
             where = f"{READY_WHERE} AND COALESCE(t.coder, ?) NOT IN ({_marks(len(gated))})"
             claimed = self._claim(
-                db, where, (default_coder, *gated), n, owner, lease_s, default_coder, default_model
+                db,
+                where,
+                (default_coder, *gated),
+                n,
+                owner,
+                lease_s,
+                default_coder,
+                default_model,
+                boot,
             )
             return [self._fetch(db, t) for t in claimed]
 
@@ -908,11 +918,15 @@ class SQLStore:
         lease_s: float,
         default_coder: str,
         default_model: str | None,
+        boot: str | None = None,
     ) -> Task | None:
+        boot = boot or host.boot_id()
         with self._write(shared=True) as db:
             where = f"t.id = ? AND {READY_WHERE}"
             args = (task_id,)
-            if not self._claim(db, where, args, 1, owner, lease_s, default_coder, default_model):
+            if not self._claim(
+                db, where, args, 1, owner, lease_s, default_coder, default_model, boot
+            ):
                 return None
             return self._fetch(db, task_id)
 
@@ -926,10 +940,12 @@ class SQLStore:
         lease_s: float,
         default_coder: str,
         default_model: str | None,
+        boot: str | None,
     ) -> list[str]:
         """Claim the first `n` ready tasks `where` says, in claim order, in one statement: the
-        owner, the attempt and the lease, by the store's clock (its dialect's lock lets
-        concurrent claimers pass over each other's picks instead of waiting for them)."""
+        owner, the attempt, the lease, by the store's clock, and the boot of the owner's host
+        the claim is made in (its dialect's lock lets concurrent claimers pass over each
+        other's picks instead of waiting for them)."""
         now = now_iso()
         d = self.dialect
         rows = db.execute(
@@ -942,7 +958,7 @@ class SQLStore:
             f" WHERE {where} AND t.claimed_by IS NULL ORDER BY t.priority, t.seq"
             f" LIMIT ?{d.skip_locked})"
             f" UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = {d.time_sql},"
-            " attempts = attempts + 1, coder = COALESCE(coder, ?),"
+            " claim_boot = ?, attempts = attempts + 1, coder = COALESCE(coder, ?),"
             " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
             " updated_at = ? WHERE id IN (SELECT id FROM picked)"
             " RETURNING id, attempts, coder, model, priority, seq",
@@ -951,6 +967,7 @@ class SQLStore:
                 n,
                 owner,
                 d.time_arg(lease_s),
+                boot,
                 default_coder,
                 default_model or None,
                 now,
@@ -969,7 +986,7 @@ class SQLStore:
                 ],
             )
         for task_id, attempt, *_ in rows:
-            self._audit(db, task_id, "claimed", attempt=attempt, owner=owner)
+            self._audit(db, task_id, "claimed", attempt=attempt, owner=owner, boot=boot)
         return [r[0] for r in rows]
 
     def set_worktree(self, task_id: str, owner: str, branch: str, worktree: str) -> Task:
@@ -997,6 +1014,20 @@ class SQLStore:
             args = (owner,)
         with self._read() as db:
             rows = db.execute(sql + " ORDER BY t.seq", args).fetchall()
+        return [Task.from_json(json.loads(r[0])) for r in rows]
+
+    def stale_claims(self, owner: str, boot: str | None) -> list[Task]:
+        # Only leased claims (a merge's has none): made in a boot of this host other than
+        # `boot`, or with the lease run out by the store's clock.
+        d = self.dialect
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {self.q.task_json} FROM tasks t WHERE t.claimed_by = ?"
+                f" AND t.lease_until IS NOT NULL AND (t.lease_until < {d.time_sql}"
+                " OR (? IS NOT NULL AND t.claim_boot IS NOT NULL AND t.claim_boot <> ?))"
+                " ORDER BY t.seq",
+                (owner, d.time_arg(0), boot, boot),
+            ).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
 
     def _open_gates(self, db: Conn) -> dict[str, tuple[str | None, str | None]]:
@@ -1324,7 +1355,7 @@ class SQLStore:
                 " ahead = COALESCE(?, ahead),"
                 # The attempt that ends has used the checkpoint it was to resume from.
                 " resume_from = CASE WHEN ? = 'not-started' THEN resume_from END,"
-                " claimed_by = NULL, lease_until = NULL, updated_at = ?"
+                " claimed_by = NULL, lease_until = NULL, claim_boot = NULL, updated_at = ?"
                 f" WHERE id = ? AND claimed_by = ? AND {ATTEMPT_IS} RETURNING attempts",
                 (
                     reason,
@@ -1454,8 +1485,8 @@ class SQLStore:
     def take_merge(self, task_id: str, owner: str) -> Task | None:
         with self._write() as db:
             row = db.execute(
-                "UPDATE tasks SET claimed_by = ?, lease_until = NULL WHERE id = ?"
-                " AND status = 'merging'"
+                "UPDATE tasks SET claimed_by = ?, lease_until = NULL, claim_boot = NULL"
+                " WHERE id = ? AND status = 'merging'"
                 f" AND (claimed_by IS NULL OR {MERGE_CLAIMED}) RETURNING id",
                 (owner, task_id),
             ).fetchone()
@@ -1477,7 +1508,7 @@ class SQLStore:
                 "UPDATE tasks SET status = ?, merge_state = ?, merge_reason = ?,"
                 " merged_commit = COALESCE(?, merged_commit), ahead = COALESCE(?, ahead),"
                 " reason = COALESCE(?, reason), finished_at = ?, updated_at = ?,"
-                " claimed_by = NULL, lease_until = NULL"
+                " claimed_by = NULL, lease_until = NULL, claim_boot = NULL"
                 " WHERE id = ? AND status = ? AND claimed_by IS NOT DISTINCT FROM ? RETURNING id",
                 (
                     status.value,
