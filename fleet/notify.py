@@ -3,13 +3,36 @@
 Off systemd (no NOTIFY_SOCKET) every call is a no-op, so the same runner works in a terminal.
 A send that fails is logged once on stderr rather than raised or silently dropped: a lost
 WATCHDOG=1 would otherwise surface only as a mysterious watchdog kill.
+
+Invariant: every datagram holds exactly the assignments its caller named. systemd reads one
+assignment per line, so a value (a status line quoting a tool name the agent chose) with a line
+feed in it could add its own (`WATCHDOG=trigger`, `EXTEND_TIMEOUT_USEC=…`): every control
+character of a value is sent spelled out (`\x0a`), and a value is clipped to MAX_VALUE
+characters.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
+
+from fleet import chars
+
+MAX_VALUE = 1024  # characters of one value; a status line is read by people, in one line
+_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+def assignment(name: str, value: str | int) -> str:
+    """`NAME=value` as one line of a notify datagram, whatever `value` holds."""
+    key = name.upper()
+    if not _NAME.fullmatch(key):
+        raise ValueError(f"not a notify variable: {name!r}")
+    text = chars.LINE.sub(lambda m: chars.spelled(m.group()), str(value))
+    if len(text) > MAX_VALUE:
+        text = text[: MAX_VALUE - 1] + "…"
+    return f"{key}={text}"
 
 
 class Notifier:
@@ -38,7 +61,7 @@ class Notifier:
     def send(self, **fields: str | int) -> None:
         if self._sock is None or self._address is None:
             return
-        text = "\n".join(f"{k.upper()}={v}" for k, v in fields.items())
+        text = "\n".join(assignment(k, v) for k, v in fields.items())
         try:
             self._sock.sendto(text.encode("utf-8", "replace"), self._address)
         except OSError as e:
