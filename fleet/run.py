@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -520,6 +520,17 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     return proc.returncode
 
 
+@contextlib.contextmanager
+def open_prompt(coder: Coder, spec: RunSpec) -> Iterator[int]:
+    """The coder's standard input: its prompt file if it reads the prompt there, else
+    /dev/null; closed in the runner once the child has it."""
+    fd = os.open(spec.prompt_file if coder.prompt_on_stdin else os.devnull, os.O_RDONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def keep(sink: Sink, place: worktree.Place, message: str) -> None:
     """Commit what the agent left uncommitted; a failure (a full disk) is an error event and
     leaves the files where they are, for the next attempt or a person."""
@@ -683,14 +694,17 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         argv = coder.argv(spec)
         try:
             coder.prepare(spec)
-            proc = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                env=env,
-                start_new_session=True,
-            )
+            # The prompt file (0600) as standard input keeps the prompt off the command line,
+            # which any local user can read in /proc/PID/cmdline.
+            with open_prompt(coder, spec) as stdin:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=workdir,
+                    stdin=stdin,
+                    stdout=subprocess.PIPE,
+                    env=env,
+                    start_new_session=True,
+                )
         except OSError as e:
             notifier.ready("not started")
             return finish("error", f"cannot start {argv[0]}: {e.strerror}", None, Tally())
