@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tests.conftest import Fleet, fleet_exe
 from tests.conftest import events_of as events
 from tests.conftest import fleet_run as run
 from tests.conftest import show_task as task
+from tests.sandbox import wait_for
 
 DEADLINE = 60.0
 
@@ -344,3 +346,52 @@ def test_prompt_template_from_the_configuration_directory(
     assert (
         home / "tasks" / tid / "prompt.md"
     ).read_text() == f"Do the thing in {project} as {tid}.\n"
+
+
+def test_twenty_concurrent_runners_of_one_task_start_it_once(
+    fleet: Fleet, project: Path, tmp_path: Path
+) -> None:
+    """Issue 11: one of twenty `fleet-run ID` at once runs the task; the others say that it is
+    running already (not "under systemd", where none is), in one line and a hint."""
+    go = tmp_path / "go"
+    wait = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+    name = stream(
+        project / "s.jsonl",
+        {"event": "text", "text": "working"},
+        {"run": [sys.executable, "-c", wait]},
+        {"run": ["fleet", "close", "$FLEET_TASK_ID", "--reason", "once"]},
+    )
+    tid = fleet.add("contended", "--coder", "replay", "-d", name)
+    runners = [
+        subprocess.Popen(
+            [fleet_exe("fleet-run"), tid],
+            cwd=project,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(20)
+    ]
+    try:
+        wait_for(
+            lambda: sum(r.poll() is not None for r in runners) >= 19, 120, "19 runners to refuse"
+        )
+        go.touch()
+        for r in runners:
+            r.wait(timeout=DEADLINE)
+    finally:
+        go.touch()
+        for r in runners:
+            if r.poll() is None:
+                r.kill()
+                r.wait()
+    ended = [(r.returncode, r.stderr.read() if r.stderr else "") for r in runners]
+    assert sorted(code for code, _ in ended) == [0] + [4] * 19, ended
+    refusal = [
+        f"fleet-run: error: {tid} is already running on this host",
+        f"fleet-run: hint: follow it with `fleet logs -f {tid}`",
+    ]
+    assert [err.splitlines() for code, err in ended if code == 4] == [refusal] * 19
+    shown = task(fleet, tid)
+    assert shown["status"] == "done" and shown["reason"] == "once"
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["success"]
