@@ -397,11 +397,21 @@ def descendant_sessions(root: int) -> set[int]:
     return found
 
 
+def adopt_orphans() -> None:
+    """Make this runner the child subreaper of what it starts (PR_SET_CHILD_SUBREAPER): a tool
+    whose parent ends (`setsid tool &` in a shell that exits) is re-parented here instead of to
+    init, so the runner's scans still find it below itself, and end it with the attempt."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 def stop_tree(proc: subprocess.Popen[bytes], sessions: set[int]) -> None:
-    """SIGKILL the agent's process group and every session below it (those seen before, and
-    those there now), and reap the agent."""
+    """SIGKILL the agent's process group and every session below the runner (those seen
+    before, and those there now), and reap the agent."""
     with contextlib.suppress(OSError):
-        sessions = sessions | descendant_sessions(proc.pid)
+        sessions = sessions | descendant_sessions(os.getpid())
     for sid in (sessions | {proc.pid}) - {os.getsid(0)}:
         signal_group(sid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -520,12 +530,14 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                 signal_group(proc.pid, signal.SIGKILL)
                 run.kill_at = None
             if not exited and now >= next_scan:
-                sessions |= descendant_sessions(proc.pid)
+                sessions |= descendant_sessions(os.getpid())  # orphans are ours (adopt_orphans)
                 next_scan = now + 1.0
             if exited and not eof and now >= drain_until:
                 signal_group(proc.pid, signal.SIGKILL)
                 eof = True
         run.flush()
+        if sweep:
+            sessions |= descendant_sessions(os.getpid())
         # What the agent left behind: tools in its own process group that closed its output,
         # and tools in sessions of their own.
         for sid in (sessions | {proc.pid}) - {os.getsid(0)}:
@@ -794,6 +806,8 @@ class Runner:
             }
         )
         argv = coder.argv(spec)
+        if not self.invocation:
+            adopt_orphans()  # under systemd the unit's cgroup holds every tool
         try:
             coder.prepare(spec)
             # The prompt file (0600) as standard input keeps the prompt off the command line,
