@@ -58,11 +58,13 @@ EXIT = {
     "killed": 3,
     "refused": 4,
     "error": 5,
+    "unstartable": 5,
     "rate-limited": 6,
     "context-pressure": 7,
     "budget": 8,
 }
 PRESSURE = "context-pressure"
+UNSTARTABLE = "unstartable"  # the coder's program cannot be started: blocked at once
 BUDGET = "budget"
 # How far systemd's current timeout (start, stop) is pushed out while git prepares a worktree or
 # commits the work an agent left; every git call has its own timeout too.
@@ -822,7 +824,12 @@ class Runner:
                     start_new_session=True,
                 )
         except OSError as e:
-            return self.not_started("error", f"cannot start {argv[0]}: {e.strerror}")
+            why = f"cannot start {argv[0]}: {e.strerror}"
+            if e.filename == argv[0]:
+                # The program itself (missing, not executable, not a program): every retry
+                # would fail alike, so the task is blocked at once, with what to do.
+                return self.not_started(UNSTARTABLE, f"{why}; {self.start_hint(argv[0], env)}")
+            return self.not_started("error", why)
         run: Attempt | None = None
         try:
             run = Attempt(
@@ -857,6 +864,17 @@ class Runner:
             # tree is stopped, and the error then ends the runner.
             stop_tree(proc, run.sessions if run else set())
             raise
+
+    def start_hint(self, binary: str, env: dict[str, str]) -> str:
+        """What to do about a coder program that cannot be started."""
+        setting = f"coders.{self.coder_name}.binary"
+        if os.sep in binary:
+            return f"install it there, or set {setting} to the program's path"
+        return (
+            f"it is not on the PATH the runner gives it ({env.get('PATH', os.defpath)}):"
+            f" set {setting} to its absolute path, or run `fleet setup` again from a shell"
+            " that finds it"
+        )
 
     def conclude(self, coder: Coder, run: Attempt, rc: int) -> int:
         """The outcome of an attempt whose coder ran: its verdict and why."""

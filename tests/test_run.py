@@ -219,6 +219,32 @@ def test_a_coder_that_cannot_run_counts_as_a_failure(fleet: Fleet, project: Path
     assert shown["failures"] == 1 and "cannot start" in str(shown["reason"])
 
 
+@pytest.mark.parametrize("where", ["not-on-path", "not-executable"])
+def test_a_coder_program_that_cannot_start_blocks_at_once(
+    fleet: Fleet, project: Path, tmp_path: Path, where: str
+) -> None:
+    """Issue 11, item 10: a coder's program that cannot be started fails every retry alike;
+    the task is blocked after the first, with what to do, instead of three failures."""
+    if where == "not-on-path":
+        binary, says = "fleet-test-no-such-claude", "No such file or directory"
+        hint = "is not on the PATH the runner gives it"
+    else:
+        script = tmp_path / "claude"
+        script.write_text("#!/bin/sh\nexit 0\n")
+        script.chmod(0o644)
+        binary, says, hint = str(script), "Permission denied", "install it there"
+    fleet.ok("config", "set", f"coders.claude.binary={binary}")
+    tid = fleet.add("t", "--coder", "claude")
+    result = run(tid, project)
+    assert result.returncode == 5, result.stderr
+    shown = task(fleet, tid)
+    assert shown["status"] == "blocked" and shown["failures"] == 0
+    reason = str(shown["reason"])
+    assert reason.startswith(f"unstartable: cannot start {binary}: {says};"), reason
+    assert hint in reason and "coders.claude.binary" in reason
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["unstartable"]
+
+
 def test_configured_secrets_and_coder_env_secrets_are_redacted(fleet: Fleet, project: Path) -> None:
     fleet.ok(
         "config",
