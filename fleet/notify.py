@@ -6,9 +6,11 @@ WATCHDOG=1 would otherwise surface only as a mysterious watchdog kill.
 
 Invariant: every datagram holds exactly the assignments its caller named. systemd reads one
 assignment per line, so a value (a status line quoting a tool name the agent chose) with a line
-feed in it could add its own (`WATCHDOG=trigger`, `EXTEND_TIMEOUT_USEC=…`): every control
-character of a value is sent spelled out (`\x0a`), and a value is clipped to MAX_VALUE
-characters.
+feed in it could add its own (`WATCHDOG=trigger`, `EXTEND_TIMEOUT_USEC=…`); and it reads a
+backslash as escaping the next character, so a value ending in one would swallow the line feed
+and the next assignment with it. So every backslash of a value is sent doubled and every
+control character spelled out behind one (`\\x0a`, which systemd shows as `\x0a`), and a value
+is clipped to MAX_VALUE characters as sent.
 """
 
 from __future__ import annotations
@@ -29,10 +31,27 @@ def assignment(name: str, value: str | int) -> str:
     key = name.upper()
     if not _NAME.fullmatch(key):
         raise ValueError(f"not a notify variable: {name!r}")
-    text = chars.LINE.sub(lambda m: chars.spelled(m.group()), str(value))
-    if len(text) > MAX_VALUE:
-        text = text[: MAX_VALUE - 1] + "…"
-    return f"{key}={text}"
+    text = str(value)
+    pieces: list[str] = []  # whole escapes only: a lone backslash left at the end would escape
+    size = 0
+    clipped = len(text) > MAX_VALUE
+    for char in text[:MAX_VALUE]:  # escapes only lengthen it
+        if char == "\\":
+            piece = "\\\\"
+        elif chars.LINE.match(char):
+            piece = "\\" + chars.spelled(char)
+        else:
+            piece = char
+        if size + len(piece) > MAX_VALUE:
+            clipped = True
+            break
+        pieces.append(piece)
+        size += len(piece)
+    if clipped:
+        while pieces and size >= MAX_VALUE:
+            size -= len(pieces.pop())
+        pieces.append("…")
+    return f"{key}=" + "".join(pieces)
 
 
 class Notifier:
