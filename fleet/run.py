@@ -628,22 +628,8 @@ class Runner:
             return ran
         run, rc = ran
         if plan and spec.resume and run.stopped_by is None and coder.resume_failed(rc, run.tally):
-            # The session is gone (deleted, or its CLI's store was reset): the same attempt goes
-            # on in a fresh session that reads the checkpoint's summary instead; it is no failure.
             why = run.tally.last_error or f"exit status {rc}"
-            self.sink.lifecycle(
-                None,
-                f"session {spec.resume} could not be resumed ({why}); starting a fresh session"
-                f" from checkpoint {plan.checkpoint.n}",
-            )
-            coder = coders.get(self.config, self.coder_name)
-            spec = spec._replace(
-                prompt=fresh,
-                prompt_file=taskdir.write_prompt(self.directory, fresh),
-                resume=None,
-                baseline=None,
-            )
-            ran = self.launch(coder, spec)
+            coder, ran = self.start_afresh(spec, plan, fresh, why)
             if isinstance(ran, int):
                 return ran
             run, rc = ran
@@ -875,6 +861,26 @@ class Runner:
             f" set {setting} to its absolute path, or run `fleet setup` again from a shell"
             " that finds it"
         )
+
+    def start_afresh(
+        self, spec: RunSpec, plan: checkpoints.Resumption, fresh: str, why: str
+    ) -> tuple[Coder, tuple[Attempt, int] | int]:
+        """The session to resume is gone (deleted, or its CLI's store was reset): the same
+        attempt goes on in a fresh session that reads the checkpoint's summary instead; it is
+        no failure. (The coder for it, and what `launch` made of it.)"""
+        self.sink.lifecycle(
+            None,
+            f"session {spec.resume} could not be resumed ({why}); starting a fresh session"
+            f" from checkpoint {plan.checkpoint.n}",
+        )
+        coder = coders.get(self.config, self.coder_name)
+        spec = spec._replace(
+            prompt=fresh,
+            prompt_file=taskdir.write_prompt(self.directory, fresh),
+            resume=None,
+            baseline=None,
+        )
+        return coder, self.launch(coder, spec)
 
     def conclude(self, coder: Coder, run: Attempt, rc: int) -> int:
         """The outcome of an attempt whose coder ran: its verdict and why."""
