@@ -44,9 +44,19 @@ def run_cmd(task_id: str) -> int:
 
     Under systemd (fleet-task@ID.service) the events go to the journal and the exit status is
     read by fleet-reap. Run by hand for a claimable task, it claims it, prints the events as
-    JSON lines, and applies the outcome itself. Exit status: 0 success, 1 failure, 3 stopped,
-    4 not claimable, 5 the coder could not start, 6 rate-limited, 7 stopped at the context
-    limit.
+    JSON lines, and applies the outcome itself; a reader that goes away (`fleet-run ID | head
+    -1`) ends only that echo, and `fleet logs ID` still has every event. A task that is already
+    running on this host (under its unit or another fleet-run) is refused, exit status 4.
+
+    The prompt reaches the coder on its standard input (the task's prompt.md), never on its
+    command line, which any local user can read. A coder program that cannot be started (not
+    on the PATH the runner gives it, not executable) blocks the task at once, as
+    `unstartable`, with what to do, instead of failing every retry alike. When the runner
+    itself fails (a full disk under the store), it stops the agent and every tool it started
+    before it exits.
+
+    Exit status: 0 success, 1 failure, 3 stopped, 4 not claimable, 5 the coder could not
+    start, 6 rate-limited, 7 stopped at the context limit, 8 stopped at the task's budget.
     """
     from fleet import programs
 

@@ -4,15 +4,19 @@ Invariant: every event passes through `Sink.emit` exactly once and is redacted t
 is written anywhere. Under journald each event is one entry with a readable MESSAGE (so that
 `journalctl -u fleet-task@ID` reads as a transcript) and FLEET_* fields; in a terminal it is one
 JSON object per line (without the raw line) in the shape the replay coder reads back, and, when
-the Sink has an event log (fleet.eventlog), a record of `fleet logs` there.
+the Sink has an event log (fleet.eventlog), a record of `fleet logs` there. That echo on the
+terminal is a courtesy: a reader that went away (`fleet-run ID | head -1`) or a full disk under
+a redirection ends the echo on that stream, never the attempt, whose records go on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import NamedTuple, TextIO
 
 from fleet.coders.base import Event, Kind
 from fleet.eventlog import EventLog
@@ -42,6 +46,32 @@ MSG_ENDED = "7343cb85b5de44e6ab65578c11f6d67f"
 MSG_REFUSED = "b473d560933a497d9ca056071cfba65a"
 MSG_QUESTION = "5ad0b37d1e4b4e3c9c3f0e55a1a7c2d1"  # written by fleet-ask
 MSG_ANSWER = "c0e8e02ee8a94a4e8f6a3a1b6f1d9b47"
+
+
+_silenced: set[int] = set()  # the file descriptors whose echo has ended
+
+
+def echo(stream: TextIO, text: str) -> None:
+    """Write `text` on the runner's standard output or error, unless that echo has ended."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return
+    if fd in _silenced:
+        return
+    try:
+        stream.write(text)
+        stream.flush()
+    except OSError:
+        _silenced.add(fd)
+        # What is still buffered, and every later write, goes to /dev/null instead, so that
+        # neither a later event nor the interpreter's last flush fails on it again.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        with contextlib.suppress(OSError):
+            stream.flush()
 
 
 class Context(NamedTuple):
@@ -119,8 +149,7 @@ class Sink:
                 obj["is_error"] = True
             if event.calls:
                 obj["calls"] = [c._asdict() for c in event.calls]
-            sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-            sys.stdout.flush()
+            echo(sys.stdout, json.dumps(obj, ensure_ascii=False) + "\n")
             if self.log is not None:
                 extra = {k: v for k, v in obj.items() if k in OPTIONAL}
                 self._record(str(event.kind), msg, extra)
@@ -138,9 +167,9 @@ class Sink:
         """An entry about the attempt itself (started, ended: explained by the catalog under
         their MESSAGE_ID; a note such as the worktree used has none)."""
         if self.journal is None:
-            from fleet.output import emit_text
+            from fleet.output import for_terminal
 
-            emit_text(f"fleet-run: {text}", err=True)
+            echo(sys.stderr, for_terminal(f"fleet-run: {text}", lines=True) + "\n")
             self._record("lifecycle", text)
             return
         self.journal.send(

@@ -21,7 +21,8 @@ class Outcome(NamedTuple):
     task: str
     attempt: int
     invocation: str
-    # success, failure, killed, rate-limited, context-pressure, budget, refused, error
+    # success, failure, killed, rate-limited, context-pressure, budget, refused, error,
+    # unstartable (the coder's program cannot be started)
     verdict: str
     reason: str = ""
     exit_status: int | None = None

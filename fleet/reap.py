@@ -53,6 +53,7 @@ OUTCOMES = (
     "waiting",  # ended well, waiting for subtasks: ready again once they are done, no count
     "blocked",  # ended on its own with its task blocked meanwhile (by the agent): no count
     "budget",  # stopped at the task's max_cost_usd or max_tokens: blocked with the figure
+    "unstartable",  # the coder's program cannot be started: blocked at once, no count
 )
 REQUEUED = ("interrupted", "rate-limited", "context-pressure")
 FAILURES = ("failure", "timeout", "oom", "watchdog", "lost")
@@ -156,7 +157,7 @@ def classify(
         return "noclose", "the agent finished without closing the task"
     if found.verdict == "killed":
         return "killed", found.stopped_by or found.reason
-    if found.verdict in ("rate-limited", "context-pressure", "budget"):
+    if found.verdict in ("rate-limited", "context-pressure", "budget", "unstartable"):
         return found.verdict, found.reason or found.verdict
     return "failure", found.reason or "failed"
 
@@ -177,6 +178,8 @@ def policy(task: Task, kind: str, reason: str, config: Config) -> tuple[Status, 
         return Status.BLOCKED, reason
     if kind == "budget":
         return Status.BLOCKED, f"budget: {reason}"
+    if kind == "unstartable":  # every retry would fail alike: a person must act first
+        return Status.BLOCKED, f"unstartable: {reason}"
     if kind in REQUEUED:
         return Status.READY, f"{kind}: {reason}"
     if kind == "noclose":

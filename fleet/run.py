@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -59,11 +59,13 @@ EXIT = {
     "killed": 3,
     "refused": 4,
     "error": 5,
+    "unstartable": 5,
     "rate-limited": 6,
     "context-pressure": 7,
     "budget": 8,
 }
 PRESSURE = "context-pressure"
+UNSTARTABLE = "unstartable"  # the coder's program cannot be started: blocked at once
 BUDGET = "budget"
 # How far systemd's current timeout (start, stop) is pushed out while git prepares a worktree or
 # commits the work an agent left; every git call has its own timeout too.
@@ -83,18 +85,6 @@ def full_id(text: str) -> str:
 def take(store: Store, config: Config, task_id: str, me: str, under_systemd: bool) -> Task:
     """The task, claimed for this attempt; Conflict if this runner may not run it."""
     task = store.get(task_id)
-    if task.claimed_by == me and task.status != Status.READY:
-        if not under_systemd:
-            raise Conflict(
-                f"{task_id} is already running under systemd",
-                hint=f"follow it with `fleet logs -f {task_id}`",
-            )
-        if task.status != Status.RUNNING:
-            # Suspended, handed off, closed... between the claim and this unit's start: the
-            # `.kill` a person's command left would be cleared by taskdir.prepare, so this is
-            # where the attempt is refused. fleet-reap then releases the claim.
-            raise Conflict(f"{task_id} is not claimable: it was {task.status} before it started")
-        return task
     if task.claimed_by is None:
         claimed = store.claim_task(
             task_id,
@@ -105,8 +95,26 @@ def take(store: Store, config: Config, task_id: str, me: str, under_systemd: boo
         )
         if claimed is not None:
             return claimed
-        why = f"it is {task.status}" if task.status != Status.READY else "it waits on others"
-        raise Conflict(f"{task_id} is not claimable: {why}")
+        # Not claimable, or claimed a moment ago by another runner: say which it is now,
+        # and never take over that runner's claim.
+        task = store.get(task_id)
+        if task.claimed_by is None:
+            why = f"it is {task.status}" if task.status != Status.READY else "it waits on others"
+            raise Conflict(f"{task_id} is not claimable: {why}")
+        under_systemd = False
+    if task.claimed_by == me and task.status != Status.READY:
+        if not under_systemd:
+            # Its unit, or another fleet-run (this host's claims are all alike).
+            raise Conflict(
+                f"{task_id} is already running on this host",
+                hint=f"follow it with `fleet logs -f {task_id}`",
+            )
+        if task.status != Status.RUNNING:
+            # Suspended, handed off, closed... between the claim and this unit's start: the
+            # `.kill` a person's command left would be cleared by taskdir.prepare, so this is
+            # where the attempt is refused. fleet-reap then releases the claim.
+            raise Conflict(f"{task_id} is not claimable: it was {task.status} before it started")
+        return task
     raise Conflict(f"{task_id} is claimed by {task.claimed_by}")
 
 
@@ -207,6 +215,7 @@ class Attempt:
         self.budget: str | None = None  # what reached the task's budget
         self._published: dict[str, object] = {}
         self.started_at = iso(time.time())
+        self.sessions: set[int] = set()  # sessions seen below the agent (by hand only)
         self._partial = bytearray()
         self._skipping = False
 
@@ -386,6 +395,27 @@ def descendant_sessions(root: int) -> set[int]:
     return found
 
 
+def adopt_orphans() -> None:
+    """Make this runner the child subreaper of what it starts (PR_SET_CHILD_SUBREAPER): a tool
+    whose parent ends (`setsid tool &` in a shell that exits) is re-parented here instead of to
+    init, so the runner's scans still find it below itself, and end it with the attempt."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def stop_tree(proc: subprocess.Popen[bytes], sessions: set[int]) -> None:
+    """SIGKILL the agent's process group and every session below the runner (those seen
+    before, and those there now), and reap the agent."""
+    with contextlib.suppress(OSError):
+        sessions = sessions | descendant_sessions(os.getpid())
+    for sid in (sessions | {proc.pid}) - {os.getsid(0)}:
+        signal_group(sid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+
+
 def signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signum)
@@ -425,7 +455,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     # Only by hand: under systemd the cgroup holds every tool, and scanning costs CPU.
     sweep = not os.environ.get("INVOCATION_ID")
     next_scan = now if sweep else float("inf")
-    sessions: set[int] = set()
+    sessions = run.sessions
     last_status = ""
     if (directory / taskdir.KILL).exists():
         run.stop("kill-file")
@@ -498,14 +528,18 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                 signal_group(proc.pid, signal.SIGKILL)
                 run.kill_at = None
             if not exited and now >= next_scan:
-                sessions |= descendant_sessions(proc.pid)
+                sessions |= descendant_sessions(os.getpid())  # orphans are ours (adopt_orphans)
                 next_scan = now + 1.0
             if exited and not eof and now >= drain_until:
                 signal_group(proc.pid, signal.SIGKILL)
                 eof = True
         run.flush()
-        for sid in sessions - {proc.pid, os.getsid(0)}:
-            signal_group(sid, signal.SIGKILL)  # tools the agent left behind in their sessions
+        if sweep:
+            sessions |= descendant_sessions(os.getpid())
+        # What the agent left behind: tools in its own process group that closed its output,
+        # and tools in sessions of their own.
+        for sid in (sessions | {proc.pid}) - {os.getsid(0)}:
+            signal_group(sid, signal.SIGKILL)
     finally:
         signal.set_wakeup_fd(old_fd)
         sel.close()
@@ -514,6 +548,17 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
         wake_r.close()
         wake_w.close()
     return proc.returncode
+
+
+@contextlib.contextmanager
+def open_prompt(coder: Coder, spec: RunSpec) -> Iterator[int]:
+    """The coder's standard input: its prompt file if it reads the prompt there, else
+    /dev/null; closed in the runner once the child has it."""
+    fd = os.open(spec.prompt_file if coder.prompt_on_stdin else os.devnull, os.O_RDONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def keep(sink: Sink, place: worktree.Place, message: str) -> None:
@@ -536,50 +581,115 @@ def attempt(task_id: str) -> int:
     config = load(paths)
     store = open_store(paths, Actor("fleet-run", "fleet-run"))
     try:
-        return _attempt(paths, config, store, task_id)
+        return Runner(paths, config, store, task_id).run()
     finally:
         store.close()
 
 
-def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
-    invocation = os.environ.get("INVOCATION_ID", "")
-    journal = Journal() if under_journald() else None
-    me = owner()
-    directory = taskdir.task_dir(paths, task_id)
-    try:
-        task = take(store, config, task_id, me, bool(invocation))
-    except Conflict as e:
-        attempts = store.get(task_id).attempts
-        ctx = Context(task_id, attempts, "-", None)
-        Sink(ctx, Redactor(), journal).lifecycle(MSG_REFUSED, f"not started: {e.message}")
-        if invocation:
-            # Tell fleet-reap that this invocation started no attempt, so it changes nothing.
-            ensure_dir(directory)
-            outcome.write(
-                directory,
-                outcome.Outcome(task_id, attempts, invocation, "refused", reason=e.message),
-            )
-        raise
-    coder_name = task.coder or config.get_str("default_coder")
-    ctx = Context(task.id, task.attempts, coder_name, task.model)
-    # Secrets may come from our environment or from a [coders.NAME] env table.
-    coder_env = dict(config.values.get(f"coders.{coder_name}.env", {}))
-    names = config.values["secret_variables"]
-    redact = Redactor(secret_values({**os.environ, **coder_env}, names))
-    # By hand (no journal), `fleet logs` reads the events from the task's directory instead.
-    sink = Sink(ctx, redact, journal, None if journal else EventLog(directory))
-    notifier = Notifier()
-    directory, artifacts = taskdir.prepare(paths, task)
-    prices = pricing.of_config(config)
+class Runner:
+    """One attempt of one task, in the steps `run` takes: claim the task, set up where the
+    events go, find the coder, check the budget, prepare the worktree, compose what the coder
+    is given, launch it (once more in a fresh session if the one to resume is gone), keep the
+    work it left, and write the outcome."""
 
-    def finish(verdict: str, reason: str, rc: int | None, tally: Tally, **kw: object) -> int:
-        spent = usage.of(tally, prices, task.model)
+    def __init__(self, paths: Paths, config: Config, store: Store, task_id: str) -> None:
+        self.paths = paths
+        self.config = config
+        self.store = store
+        self.task_id = task_id
+        self.invocation = os.environ.get("INVOCATION_ID", "")
+        self.journal = Journal() if under_journald() else None
+        self.me = owner()
+        self.directory = taskdir.task_dir(paths, task_id)
+
+    def run(self) -> int:
+        self.task = self.claim()
+        self.set_up()
+        try:
+            coder = coders.get(self.config, self.coder_name)
+        except FleetError as e:
+            return self.not_started("error", e.message)
+        self.spent = lineage.spent(self.store, self.task)
+        limits = Limits.of(self.config, coder, self.task.model, self.task, self.spent)
+        reached = limits.over_budget(usage.NOTHING)
+        if reached:  # its earlier attempts spent it all: never start an agent that must stop
+            return self.not_started(BUDGET, reached)
+        try:
+            place = self.prepare_worktree()
+        except FleetError as e:
+            return self.not_started("error", f"no worktree: {e.message}")
+        spec, plan, fresh = self.compose(coder, place)
+        ran = self.launch(coder, spec)
+        if isinstance(ran, int):
+            return ran
+        run, rc = ran
+        if plan and spec.resume and run.stopped_by is None and coder.resume_failed(rc, run.tally):
+            why = run.tally.last_error or f"exit status {rc}"
+            coder, ran = self.start_afresh(spec, plan, fresh, why)
+            if isinstance(ran, int):
+                return ran
+            run, rc = ran
+        if place is not None:
+            # Also while stopping: the commit may take longer than what is left of TimeoutStopSec=.
+            self.notifier.send(watchdog=1, extend_timeout_usec=GIT_GRACE_USEC)
+            keep(
+                self.sink,
+                place,
+                f"fleet: work in progress of {self.task.id}, attempt {self.task.attempts}",
+            )
+        return self.conclude(coder, run, rc)
+
+    def claim(self) -> Task:
+        """The task, claimed for this attempt; a refusal is recorded, then raised."""
+        try:
+            return take(self.store, self.config, self.task_id, self.me, bool(self.invocation))
+        except Conflict as e:
+            if self.journal is not None:  # by hand the error line says it all
+                attempts = self.store.get(self.task_id).attempts
+                ctx = Context(self.task_id, attempts, "-", None)
+                Sink(ctx, Redactor(), self.journal).lifecycle(
+                    MSG_REFUSED, f"not started: {e.message}"
+                )
+            if self.invocation:
+                # Tell fleet-reap that this invocation started no attempt, so it changes nothing.
+                ensure_dir(self.directory)
+                attempts = self.store.get(self.task_id).attempts
+                refused = outcome.Outcome(
+                    self.task_id, attempts, self.invocation, "refused", reason=e.message
+                )
+                outcome.write(self.directory, refused)
+            raise
+
+    def set_up(self) -> None:
+        """Where the attempt's events, status and files go, and what is redacted from them."""
+        task = self.task
+        self.coder_name = task.coder or self.config.get_str("default_coder")
+        ctx = Context(task.id, task.attempts, self.coder_name, task.model)
+        # Secrets may come from our environment or from a [coders.NAME] env table.
+        coder_env = dict(self.config.values.get(f"coders.{self.coder_name}.env", {}))
+        names = self.config.values["secret_variables"]
+        self.redact = Redactor(secret_values({**os.environ, **coder_env}, names))
+        # By hand (no journal), `fleet logs` reads the events from the task's directory instead.
+        log = None if self.journal else EventLog(self.directory)
+        self.sink = Sink(ctx, self.redact, self.journal, log)
+        self.notifier = Notifier()
+        self.directory, self.artifacts = taskdir.prepare(self.paths, task)
+        self.prices = pricing.of_config(self.config)
+
+    def not_started(self, verdict: str, reason: str) -> int:
+        self.notifier.ready("not started")
+        return self.finish(verdict, reason, None, Tally())
+
+    def finish(self, verdict: str, reason: str, rc: int | None, tally: Tally, **kw: object) -> int:
+        """Write the outcome file and say how the attempt ended; the runner's exit status."""
+        task = self.task
+        spent = usage.of(tally, self.prices, task.model)
         result = outcome.Outcome(
             task.id,
             task.attempts,
-            invocation,
+            self.invocation,
             verdict,
-            reason=redact(reason),
+            reason=self.redact(reason),
             exit_status=rc if rc is not None and rc >= 0 else None,
             signal=signal.Signals(-rc).name if rc is not None and rc < 0 else None,
             tokens_in=spent.tokens_in,
@@ -593,174 +703,202 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
             usage=usage.models_json(spent.models),
             **kw,  # type: ignore[arg-type]
         )
-        outcome.write(directory, result)
-        sink.lifecycle(
+        outcome.write(self.directory, result)
+        self.sink.lifecycle(
             MSG_ENDED,
             f"attempt {task.attempts} ended: {verdict}" + (f" ({result.reason})" if reason else ""),
             {"FLEET_VERDICT": verdict},
         )
-        notifier.send(status=f"ended: {verdict}", stopping=1)
+        self.notifier.send(status=f"ended: {verdict}", stopping=1)
         return EXIT[verdict]
 
-    try:
-        coder = coders.get(config, coder_name)
-    except FleetError as e:
-        notifier.ready("not started")
-        return finish("error", e.message, None, Tally())
-    spent = lineage.spent(store, task)
-    reached = Limits.of(config, coder, task.model, task, spent).over_budget(usage.NOTHING)
-    if reached:  # its earlier attempts spent it all: never start an agent that must stop
-        notifier.ready("not started")
-        return finish(BUDGET, reached, None, Tally())
-    place: worktree.Place | None = None
-    if task.isolated:
+    def prepare_worktree(self) -> worktree.Place | None:
+        """The task's worktree, created or reused (None for a task that runs in its cwd)."""
+        if not self.task.isolated:
+            return None
+        task = self.task
         # git may take a while on a large repository: keep systemd's start timeout at bay.
-        notifier.send(
+        self.notifier.send(
             status="preparing the worktree", watchdog=1, extend_timeout_usec=GIT_GRACE_USEC
         )
-        try:
-            start = lineage.start_branch(store, task)
-            # Under the repository's lock: a sweep or a merge-back that decided on this
-            # worktree before the task was retried finishes first, and is then seen to have.
-            with repolock.hold(paths, repolock.common_dir(task.cwd)):
-                place = worktree.ensure(task.id, task.cwd, task.base or "", paths.worktrees, start)
-            task = store.set_worktree(task.id, me, place.branch, str(place.worktree))
-        except FleetError as e:
-            notifier.ready("not started")
-            return finish("error", f"no worktree: {e.message}", None, Tally())
+        start = lineage.start_branch(self.store, task)
+        # Under the repository's lock: a sweep or a merge-back that decided on this worktree
+        # before the task was retried finishes first, and is then seen to have.
+        with repolock.hold(self.paths, repolock.common_dir(task.cwd)):
+            place = worktree.ensure(task.id, task.cwd, task.base or "", self.paths.worktrees, start)
+        self.task = self.store.set_worktree(task.id, self.me, place.branch, str(place.worktree))
         how = "created" if place.created else "reused"
-        sink.lifecycle(None, f"worktree {place.worktree} {how}, on branch {place.branch}")
+        self.sink.lifecycle(None, f"worktree {place.worktree} {how}, on branch {place.branch}")
         # A runner killed before it could commit (SIGKILL, a crash) left its agent's work here.
         keep(
-            sink, place, f"fleet: work left uncommitted before attempt {task.attempts} of {task.id}"
+            self.sink,
+            place,
+            f"fleet: work left uncommitted before attempt {task.attempts} of {task.id}",
         )
-    workdir = str(place.workdir) if place else task.cwd
-    history = store.attempts(task.id)
-    previous = history[-2].outcome if len(history) > 1 else None
-    prompt = taskdir.compose_prompt(
-        task, artifacts, previous, paths.config_file.parent, workdir=workdir
-    )
-    notes = lineage.prompt_notes(paths, store, task)
-    if notes:
-        prompt = prompt.rstrip("\n") + "\n\n" + notes
-    plan = resumption(store, task, coder_name, previous)
-    resume = plan.session if plan and coder.resumes else None
-    baseline = store.session_totals(task.id, resume) if resume else None
-    fresh = prompt + ("\n" + plan.fresh_note if plan else "")
-    spec = RunSpec(
-        task.id,
-        task.attempts,
-        task.title,
-        task.description,
-        workdir,
-        task.model,
-        directory,
-        artifacts,
-        plan.resumed_prompt if resume and plan else fresh,
-        taskdir.write_prompt(directory, plan.resumed_prompt if resume and plan else fresh),
-        resume=resume,
-        baseline=baseline,
-    )
-    bindir = os.path.dirname(program("fleet"))
+        return place
 
-    def launch(coder: Coder, spec: RunSpec) -> tuple[Attempt, int] | int:
+    def compose(
+        self, coder: Coder, place: worktree.Place | None
+    ) -> tuple[RunSpec, checkpoints.Resumption | None, str]:
+        """What the coder is given: (the spec, the checkpoint it resumes from if any, the
+        prompt of a fresh session)."""
+        task = self.task
+        self.workdir = str(place.workdir) if place else task.cwd
+        history = self.store.attempts(task.id)
+        previous = history[-2].outcome if len(history) > 1 else None
+        prompt = taskdir.compose_prompt(
+            task, self.artifacts, previous, self.paths.config_file.parent, workdir=self.workdir
+        )
+        notes = lineage.prompt_notes(self.paths, self.store, task)
+        if notes:
+            prompt = prompt.rstrip("\n") + "\n\n" + notes
+        plan = resumption(self.store, task, self.coder_name, previous)
+        resume = plan.session if plan and coder.resumes else None
+        baseline = self.store.session_totals(task.id, resume) if resume else None
+        fresh = prompt + ("\n" + plan.fresh_note if plan else "")
+        given = plan.resumed_prompt if resume and plan else fresh
+        spec = RunSpec(
+            task.id,
+            task.attempts,
+            task.title,
+            task.description,
+            self.workdir,
+            task.model,
+            self.directory,
+            self.artifacts,
+            given,
+            taskdir.write_prompt(self.directory, given),
+            resume=resume,
+            baseline=baseline,
+        )
+        return spec, plan, fresh
+
+    def launch(self, coder: Coder, spec: RunSpec) -> tuple[Attempt, int] | int:
         """Run the coder once: (its run, exit status), or the attempt's exit code if it could
         not start."""
+        task, directory = self.task, self.directory
         env = child_env(
             {
                 **coder.environ(spec),
                 "FLEET_TASK_ID": task.id,
                 "FLEET_TASK_DIR": str(directory),
-                "FLEET_ARTIFACT_DIR": str(artifacts),
-                "FLEET_HOME": str(paths.home),
-                "PATH": bindir + os.pathsep + os.environ.get("PATH", os.defpath),
+                "FLEET_ARTIFACT_DIR": str(self.artifacts),
+                "FLEET_HOME": str(self.paths.home),
+                "PATH": os.path.dirname(program("fleet"))
+                + os.pathsep
+                + os.environ.get("PATH", os.defpath),
             }
         )
         argv = coder.argv(spec)
+        if not self.invocation:
+            adopt_orphans()  # under systemd the unit's cgroup holds every tool
         try:
             coder.prepare(spec)
-            proc = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                env=env,
-                start_new_session=True,
-            )
+            # The prompt file (0600) as standard input keeps the prompt off the command line,
+            # which any local user can read in /proc/PID/cmdline.
+            with open_prompt(coder, spec) as stdin:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=self.workdir,
+                    stdin=stdin,
+                    stdout=subprocess.PIPE,
+                    env=env,
+                    start_new_session=True,
+                )
         except OSError as e:
-            notifier.ready("not started")
-            return finish("error", f"cannot start {argv[0]}: {e.strerror}", None, Tally())
-        run = Attempt(
-            task,
-            coder,
-            sink,
-            notifier,
-            store,
-            me,
-            float(config.get_int("lease_seconds")),
-            float(config.get_int("stop_grace_seconds")),
-            proc.pid,
-            Limits.of(config, coder, coder.model(spec), task, spent),
-            prices,
-            paths,
-        )
-        how = f", resuming session {spec.resume}" if spec.resume else ""
-        store.note(task.id, "started", attempt=task.attempts, coder=coder_name, pid=proc.pid)
-        sink.lifecycle(
-            MSG_STARTED,
-            f"attempt {task.attempts} started: {coder_name} in {workdir} (pid {proc.pid}){how}",
-            {"FLEET_PID": proc.pid},
-        )
-        notifier.ready(run.status_line())
-        return run, loop(run, proc, directory)
+            why = f"cannot start {argv[0]}: {e.strerror}"
+            if e.filename == argv[0]:
+                # The program itself (missing, not executable, not a program): every retry
+                # would fail alike, so the task is blocked at once, with what to do.
+                return self.not_started(UNSTARTABLE, f"{why}; {self.start_hint(argv[0], env)}")
+            return self.not_started("error", why)
+        run: Attempt | None = None
+        try:
+            run = Attempt(
+                task,
+                coder,
+                self.sink,
+                self.notifier,
+                self.store,
+                self.me,
+                float(self.config.get_int("lease_seconds")),
+                float(self.config.get_int("stop_grace_seconds")),
+                proc.pid,
+                Limits.of(self.config, coder, coder.model(spec), task, self.spent),
+                self.prices,
+                self.paths,
+            )
+            how = f", resuming session {spec.resume}" if spec.resume else ""
+            self.store.note(
+                task.id, "started", attempt=task.attempts, coder=self.coder_name, pid=proc.pid
+            )
+            self.sink.lifecycle(
+                MSG_STARTED,
+                f"attempt {task.attempts} started: {self.coder_name} in {self.workdir}"
+                f" (pid {proc.pid}){how}",
+                {"FLEET_PID": proc.pid},
+            )
+            self.notifier.ready(run.status_line())
+            return run, loop(run, proc, directory)
+        except BaseException:
+            # The runner fails (a full disk under the store, a bug): an agent nobody would
+            # supervise any more, whose task may be claimed again, must not go on. Its whole
+            # tree is stopped, and the error then ends the runner.
+            stop_tree(proc, run.sessions if run else set())
+            raise
 
-    ran = launch(coder, spec)
-    if isinstance(ran, int):
-        return ran
-    run, rc = ran
-    if plan and spec.resume and run.stopped_by is None and coder.resume_failed(rc, run.tally):
-        # The session is gone (deleted, or its CLI's store was reset): the same attempt goes
-        # on in a fresh session that reads the checkpoint's summary instead; it is no failure.
-        why = run.tally.last_error or f"exit status {rc}"
-        sink.lifecycle(
+    def start_hint(self, binary: str, env: dict[str, str]) -> str:
+        """What to do about a coder program that cannot be started."""
+        setting = f"coders.{self.coder_name}.binary"
+        if os.sep in binary:
+            return f"install it there, or set {setting} to the program's path"
+        return (
+            f"it is not on the PATH the runner gives it ({env.get('PATH', os.defpath)}):"
+            f" set {setting} to its absolute path, or run `fleet setup` again from a shell"
+            " that finds it"
+        )
+
+    def start_afresh(
+        self, spec: RunSpec, plan: checkpoints.Resumption, fresh: str, why: str
+    ) -> tuple[Coder, tuple[Attempt, int] | int]:
+        """The session to resume is gone (deleted, or its CLI's store was reset): the same
+        attempt goes on in a fresh session that reads the checkpoint's summary instead; it is
+        no failure. (The coder for it, and what `launch` made of it.)"""
+        self.sink.lifecycle(
             None,
             f"session {spec.resume} could not be resumed ({why}); starting a fresh session"
             f" from checkpoint {plan.checkpoint.n}",
         )
-        coder = coders.get(config, coder_name)
+        coder = coders.get(self.config, self.coder_name)
         spec = spec._replace(
             prompt=fresh,
-            prompt_file=taskdir.write_prompt(directory, fresh),
+            prompt_file=taskdir.write_prompt(self.directory, fresh),
             resume=None,
             baseline=None,
         )
-        ran = launch(coder, spec)
-        if isinstance(ran, int):
-            return ran
-        run, rc = ran
-    if place is not None:
-        # Also while stopping: the commit may take longer than what is left of TimeoutStopSec=.
-        notifier.send(watchdog=1, extend_timeout_usec=GIT_GRACE_USEC)
-        keep(sink, place, f"fleet: work in progress of {task.id}, attempt {task.attempts}")
-    if run.stopped_by == PRESSURE:
-        verdict = Verdict.CONTEXT_PRESSURE
-    elif run.stopped_by == BUDGET:
-        verdict = Verdict.BUDGET
-    else:
-        verdict = Verdict.KILLED if run.stopped_by else coder.verdict(rc, run.tally)
-    # A coder's non-fatal notices are not the reason a successful attempt ended.
-    last = run.tally.last_error if verdict != Verdict.SUCCESS else None
-    reason = run.budget or run.stopped_by or last or (f"exit status {rc}" if rc else "")
-    return finish(
-        str(verdict),
-        reason,
-        rc,
-        run.tally,
-        stopped_by=run.stopped_by,
-        closes_on_success=coder.closes_on_success,
-        resets_at=run.tally.resets_at,
-        session_totals=coder.session_totals(),
-    )
+        return coder, self.launch(coder, spec)
+
+    def conclude(self, coder: Coder, run: Attempt, rc: int) -> int:
+        """The outcome of an attempt whose coder ran: its verdict and why."""
+        if run.stopped_by == PRESSURE:
+            verdict = Verdict.CONTEXT_PRESSURE
+        elif run.stopped_by == BUDGET:
+            verdict = Verdict.BUDGET
+        else:
+            verdict = Verdict.KILLED if run.stopped_by else coder.verdict(rc, run.tally)
+        # A coder's non-fatal notices are not the reason a successful attempt ended.
+        last = run.tally.last_error if verdict != Verdict.SUCCESS else None
+        reason = run.budget or run.stopped_by or last or (f"exit status {rc}" if rc else "")
+        return self.finish(
+            str(verdict),
+            reason,
+            rc,
+            run.tally,
+            stopped_by=run.stopped_by,
+            closes_on_success=coder.closes_on_success,
+            resets_at=run.tally.resets_at,
+            session_totals=coder.session_totals(),
+        )
 
 
 def resumption(

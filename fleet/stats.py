@@ -44,7 +44,7 @@ CLASSES = (
     "lost",
 )
 # Outcomes that say nothing about the agent's work: left out of attempts and success rates.
-UNCOUNTED = frozenset({"not-started"})
+UNCOUNTED = frozenset({"not-started", "unstartable"})
 NAMES = {"noclose": "no-close"}  # the store's outcome -> its class here
 UNKNOWN_MODEL = "(default)"
 NO_LABEL = "(none)"
@@ -63,7 +63,11 @@ FIELDS: tuple[Field, ...] = (
         "real",
         "attempts the tasks done within the window took, on average (null: none done)",
     ),
-    Field("attempts.total", "int", "attempts that ended within the window (not-started aside)"),
+    Field(
+        "attempts.total",
+        "int",
+        "attempts that ended within the window (not-started and unstartable aside)",
+    ),
     Field(
         "attempts.outcomes",
         "object",

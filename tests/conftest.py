@@ -257,3 +257,40 @@ def store_rows(home: Path, sql: str) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in db.execute(sql).fetchall()]
     finally:
         db.close()
+
+
+def tree_command_lines(root: int) -> dict[int, bytes]:
+    """pid -> /proc/PID/cmdline (NULs as spaces) of `root` and of every process below it, as
+    any local user can read them."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_bytes()
+            except OSError:
+                continue
+            parent[int(entry)] = int(stat.rsplit(b")", 1)[1].split()[1])
+    found: dict[int, bytes] = {}
+    for pid in parent:
+        up = pid
+        while up > 1 and up != root:
+            up = parent.get(up, 0)
+        if up == root:
+            try:
+                found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+    return found
+
+
+def command_lines_once(root: int, running: str, deadline: float = 60.0) -> dict[int, bytes]:
+    """`tree_command_lines(root)` once one of the processes runs a command containing
+    `running` (the agent's tool: the agent is then well under way)."""
+    seen: dict[int, bytes] = {}
+
+    def started() -> bool:
+        seen.update(tree_command_lines(root))
+        return any(running.encode() in line for line in seen.values())
+
+    wait_for(started, deadline, f"a process running {running!r}")
+    return seen

@@ -264,10 +264,10 @@ def spec_resuming(tmp_path: Path) -> RunSpec:
 def test_each_coder_resumes_its_own_session(tmp_path: Path) -> None:
     run_spec = spec_resuming(tmp_path)
     claude = ClaudeCoder(CoderSettings()).argv(run_spec)
-    assert claude[-4:] == ["--resume", "SID", "--", "go on"]
+    assert claude[-2:] == ["--resume", "SID"]  # the prompt, "go on", is standard input
     codex = CodexCoder(CoderSettings()).argv(run_spec)
     assert codex[1:3] == ["exec", "resume"] and "-C" not in codex  # `exec resume` has no -C
-    assert codex[-3:] == ["--", "SID", "go on"]
+    assert codex[-3:] == ["--", "SID", "-"]
     opencode = OpencodeCoder(CoderSettings()).argv(run_spec)
     assert opencode[-2:] == ["--session", "SID"]
     assert opencode[opencode.index("--dir") + 1] == str(tmp_path)  # the same --dir, or it hangs

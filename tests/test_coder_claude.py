@@ -33,7 +33,14 @@ from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdic
 from fleet.coders.claude import MCP_FILE, MCP_TIMEOUT_MS, TMP_DIR, ClaudeCoder
 from fleet.timeutil import parse
 from tests import sandbox
-from tests.conftest import ROOT, Fleet, asked_in_background, fleet_exe, run_fleet
+from tests.conftest import (
+    ROOT,
+    Fleet,
+    asked_in_background,
+    command_lines_once,
+    fleet_exe,
+    run_fleet,
+)
 from tests.conftest import events_of as events
 from tests.conftest import fleet_run as run
 from tests.conftest import run_in_background as running
@@ -421,16 +428,16 @@ def test_argv_puts_the_prompt_last_after_the_options(tmp_path: Path) -> None:
     ]
     assert argv[argv.index("--mcp-config") + 1] == str(run.task_dir / MCP_FILE)
     assert argv[argv.index("--model") + 1] == "opus-x"
-    assert argv[-5:] == ["--allowedTools", "Bash", "Read", "--", run.prompt]
+    assert argv[-3:] == ["--allowedTools", "Bash", "Read"]  # the prompt is standard input
+    assert ClaudeCoder.prompt_on_stdin and run.prompt not in argv
     assert "--model" not in ClaudeCoder(CoderSettings()).argv(spec(tmp_path))
     assert ClaudeCoder(CoderSettings()).argv(spec(tmp_path))[0] == "claude"
 
 
-def test_a_prompt_too_long_for_argv_points_to_its_file(tmp_path: Path) -> None:
+def test_no_prompt_is_on_the_command_line_however_long(tmp_path: Path) -> None:
     run = spec(tmp_path)
-    huge = run._replace(prompt="x" * 200_000)
-    last = ClaudeCoder(CoderSettings()).argv(huge)[-1]
-    assert len(last) < 1000 and str(run.prompt_file) in last
+    huge = run._replace(prompt="x" * 200_000, resume="a-session")
+    assert all(len(a) < 1000 for a in ClaudeCoder(CoderSettings()).argv(huge))
 
 
 def test_prepare_writes_the_fleet_ask_server(tmp_path: Path, home: Path) -> None:
@@ -604,6 +611,22 @@ def test_shell_task_runs_to_done(
     session = attempt["session_id"]
     assert list((claude_home / ".claude" / "projects").glob(f"*/{session}.jsonl"))
     assert (home / "tasks" / tid / TMP_DIR).is_dir()
+
+
+def test_the_prompt_is_never_on_a_command_line(
+    fleet: Fleet, project: Path, server: Server, tmp_path: Path, home: Path
+) -> None:
+    """Issue 11, item 2: any local user reads /proc/PID/cmdline; the prompt goes by stdin."""
+    configure(fleet, server, tmp_path / "claude-home")
+    secret = f"private-{uuid.uuid4().hex}"
+    tid = fleet.add("hang", "--coder", "claude", "-d", f"FLEET-SCENARIO:hang {secret}")
+    with running(tid, project, tmp_path / "out") as agent:
+        lines = command_lines_once(agent.pid, "time.sleep(300)")
+        (home / "tasks" / tid / ".kill").touch()
+        assert agent.wait(timeout=DEADLINE) == 3
+    assert len(lines) >= 3  # the runner, the CLI, fleet-ask, the tool's shell
+    assert [line for line in lines.values() if secret.encode() in line] == []
+    assert server.calls(secret), "the prompt did not reach the model"
 
 
 def test_a_garbage_line_does_not_end_the_attempt(

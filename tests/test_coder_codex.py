@@ -33,7 +33,14 @@ from fleet.paths import resolve
 from fleet.store import open_store
 from fleet.timeutil import parse as parse_time
 from tests import sandbox
-from tests.conftest import ROOT, Fleet, asked_in_background, fleet_exe, run_fleet
+from tests.conftest import (
+    ROOT,
+    Fleet,
+    asked_in_background,
+    command_lines_once,
+    fleet_exe,
+    run_fleet,
+)
 from tests.conftest import events_of as events
 from tests.conftest import fleet_run as run
 from tests.conftest import run_in_background as running
@@ -442,7 +449,8 @@ def test_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert argv[argv.index("-C") + 1] == str(tmp_path)
     assert argv[argv.index("-m") + 1] == "gpt-5-mini"  # the alias, resolved
     assert argv[argv.index("-o") + 1] == str(run.task_dir / LAST_MESSAGE)
-    assert argv[-4:] == ["--color", "never", "--", "do the thing"]
+    assert argv[-4:] == ["--color", "never", "--", "-"]  # the prompt: standard input
+    assert coder.prompt_on_stdin and "do the thing" not in " ".join(argv)
     assert "-m" not in coder.argv(spec(tmp_path))
     found = config_overrides(argv)
     entry = found["mcp_servers.fleet"]
@@ -500,10 +508,11 @@ def test_overrides_are_read_as_codex_reads_them() -> None:
     }
 
 
-def test_a_huge_prompt_goes_by_file_and_a_stale_last_message_goes(tmp_path: Path) -> None:
+def test_a_resumed_prompt_is_stdin_too_and_a_stale_last_message_goes(tmp_path: Path) -> None:
     coder = CodexCoder(CoderSettings(env={"CODEX_HOME": str(tmp_path / "h")}))
     run = spec(tmp_path, prompt="x" * 300_000)
-    assert str(run.prompt_file) in coder.argv(run)[-1] and len(coder.argv(run)[-1]) < 1000
+    assert coder.argv(run._replace(resume="t-1"))[-3:] == ["--", "t-1", "-"]
+    assert all(len(a) < 1000 for a in coder.argv(run))
     (run.task_dir / LAST_MESSAGE).write_text("from the previous attempt")
     coder.prepare(run)
     assert not (run.task_dir / LAST_MESSAGE).exists()
@@ -747,6 +756,23 @@ def descendants(root: int) -> dict[int, str]:
         if up == root:
             found[pid] = command_line(pid)
     return found
+
+
+def test_the_prompt_is_never_on_a_command_line(
+    fleet: Fleet, project: Path, codex: Scripted, home: Path, tmp_path: Path
+) -> None:
+    """Issue 11, item 2: any local user reads /proc/PID/cmdline; the prompt goes by stdin."""
+    seconds = 800_000 + os.getpid()
+    secret = f"private-{os.getpid()}-{time.time_ns()}"
+    what = f"FLEET-SCENARIO:hang-{seconds} {secret}"
+    tid = fleet.add("hang", "--coder", "codex", "--model", "gpt-fake", "-d", what)
+    with running(tid, project, tmp_path / "out") as agent:
+        lines = command_lines_once(agent.pid, f"sleep {seconds}")
+        (home / "tasks" / tid / ".kill").touch()
+        assert agent.wait(timeout=DEADLINE) == 3
+    assert len(lines) >= 3  # the runner, node, codex, the tool's shell
+    assert [line for line in lines.values() if secret.encode() in line] == []
+    assert any(secret in json.dumps(body) for body in codex.log.bodies("/responses"))
 
 
 def test_stopping_codex_ends_its_tool(

@@ -29,7 +29,15 @@ from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdic
 from fleet.coders.gemini import MCP_TIMEOUT_MS, GeminiCoder, pacific_midnight
 from fleet.timeutil import parse
 from tests import sandbox
-from tests.conftest import ROOT, Fleet, asked_in_background, events_of, fleet_exe, run_fleet
+from tests.conftest import (
+    ROOT,
+    Fleet,
+    asked_in_background,
+    command_lines_once,
+    events_of,
+    fleet_exe,
+    run_fleet,
+)
 from tests.conftest import fleet_run as run
 from tests.conftest import run_in_background as running
 from tests.conftest import show_task as show
@@ -327,9 +335,9 @@ def test_argv_environ_and_the_task_home(tmp_path: Path, monkeypatch: pytest.Monk
     )
     coder = GeminiCoder(settings)
     run = spec(task_dir, model="pro")
+    assert coder.prompt_on_stdin  # the runner gives it prompt.md as standard input
     assert coder.argv(run) == [
         "/opt/gemini",
-        "--prompt=# do it\n",
         "--output-format",
         "stream-json",
         "--approval-mode",
@@ -382,12 +390,11 @@ def test_argv_environ_and_the_task_home(tmp_path: Path, monkeypatch: pytest.Monk
     assert not os.path.lexists(dot / "oauth_creds.json")
 
 
-def test_a_prompt_too_long_for_one_argument_is_read_from_its_file(tmp_path: Path) -> None:
+def test_no_prompt_is_on_the_command_line(tmp_path: Path) -> None:
     run = spec(tmp_path / "task", prompt="x" * 200_000)
-    argv = GeminiCoder(CoderSettings()).argv(run)
-    assert all(len(a) < 1000 for a in argv)
-    assert str(run.prompt_file) in argv[1]
-    assert argv[argv.index("--include-directories") + 1] == str(tmp_path / "task")
+    argv = GeminiCoder(CoderSettings()).argv(run._replace(resume="a-session"))
+    assert all(len(a) < 1000 for a in argv) and "--include-directories" not in argv
+    assert not any(a.startswith(("--prompt", "-p")) for a in argv)
 
 
 def test_the_installed_cli_is_the_tested_version() -> None:
@@ -493,6 +500,24 @@ def test_by_hand_the_cli_writes_the_file_closes_the_task_and_survives_garbage(
     lines = events_of(resumed.stdout)
     assert lines[0]["type"] == "init" and lines[0]["session_id"] == session
     assert server.WRITE_COMMAND in json.dumps(requests(log)[-1])  # the history came along
+
+
+def test_by_hand_the_prompt_is_never_on_a_command_line(
+    fleet: Fleet, project: Path, home: Path, tmp_path: Path, gemini: tuple[str, Log]
+) -> None:
+    """Issue 11, item 2: any local user reads /proc/PID/cmdline; the prompt goes by stdin."""
+    _, log = gemini
+    secret = f"private-{os.getpid()}-{time.time_ns()}"
+    tid = fleet.add(
+        "hang", "--coder", "gemini", "--model", MODEL, "-d", f"FLEET-SCENARIO=hang {secret}"
+    )
+    with running(tid, project, tmp_path / "out") as agent:
+        lines = command_lines_once(agent.pid, f"sleep {server.HANG_SECONDS}")
+        (home / "tasks" / tid / ".kill").touch()
+        assert agent.wait(timeout=60) == 3
+    assert len(lines) >= 3  # the runner, the CLI, the tool's shell (and fleet-ask)
+    assert [line for line in lines.values() if secret.encode() in line] == []
+    assert any(secret in json.dumps(body) for body in log.bodies(":streamGenerateContent"))
 
 
 def test_by_hand_the_model_asks_a_person_and_closes_the_task_with_the_answer(

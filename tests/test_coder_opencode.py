@@ -371,8 +371,9 @@ def test_command_environment_and_runtime_files(
     coder = OpencodeCoder(settings)
     run = spec(tmp_path)
     argv = coder.argv(run)
-    assert argv[:5] == ["/bin/sh", "-c", argv[2], "fleet-opencode", str(run.prompt_file)]
-    assert argv[5:] == [
+    assert argv[:4] == ["/bin/sh", "-c", argv[2], "fleet-opencode"]
+    assert coder.prompt_on_stdin and run.prompt not in " ".join(argv)
+    assert argv[4:] == [
         "/opt/opencode",
         "run",
         "--format",
@@ -388,11 +389,12 @@ def test_command_environment_and_runtime_files(
         "build",
     ]
     assert "--model" not in coder.argv(spec(tmp_path, model=None))
-    # The shell part only feeds the prompt file to the command, verbatim.
+    # The shell part passes the runner's standard input, the prompt file, on verbatim.
     run.task_dir.mkdir(parents=True)
     run.prompt_file.write_text(run.prompt)
-    echo = [*argv[:5], sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"]
-    out = subprocess.run(echo, capture_output=True, text=True, check=True).stdout
+    echo = [*argv[:4], sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"]
+    with run.prompt_file.open("rb") as stdin:
+        out = subprocess.run(echo, stdin=stdin, capture_output=True, text=True, check=True).stdout
     assert out.strip() == repr(run.prompt)
 
     env = coder.environ(run)

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tests.conftest import Fleet, fleet_exe
 from tests.conftest import events_of as events
 from tests.conftest import fleet_run as run
 from tests.conftest import show_task as task
+from tests.sandbox import wait_for
 
 DEADLINE = 60.0
 
@@ -217,6 +219,32 @@ def test_a_coder_that_cannot_run_counts_as_a_failure(fleet: Fleet, project: Path
     assert shown["failures"] == 1 and "cannot start" in str(shown["reason"])
 
 
+@pytest.mark.parametrize("where", ["not-on-path", "not-executable"])
+def test_a_coder_program_that_cannot_start_blocks_at_once(
+    fleet: Fleet, project: Path, tmp_path: Path, where: str
+) -> None:
+    """Issue 11, item 10: a coder's program that cannot be started fails every retry alike;
+    the task is blocked after the first, with what to do, instead of three failures."""
+    if where == "not-on-path":
+        binary, says = "fleet-test-no-such-claude", "No such file or directory"
+        hint = "is not on the PATH the runner gives it"
+    else:
+        script = tmp_path / "claude"
+        script.write_text("#!/bin/sh\nexit 0\n")
+        script.chmod(0o644)
+        binary, says, hint = str(script), "Permission denied", "install it there"
+    fleet.ok("config", "set", f"coders.claude.binary={binary}")
+    tid = fleet.add("t", "--coder", "claude")
+    result = run(tid, project)
+    assert result.returncode == 5, result.stderr
+    shown = task(fleet, tid)
+    assert shown["status"] == "blocked" and shown["failures"] == 0
+    reason = str(shown["reason"])
+    assert reason.startswith(f"unstartable: cannot start {binary}: {says};"), reason
+    assert hint in reason and "coders.claude.binary" in reason
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["unstartable"]
+
+
 def test_configured_secrets_and_coder_env_secrets_are_redacted(fleet: Fleet, project: Path) -> None:
     fleet.ok(
         "config",
@@ -344,3 +372,162 @@ def test_prompt_template_from_the_configuration_directory(
     assert (
         home / "tasks" / tid / "prompt.md"
     ).read_text() == f"Do the thing in {project} as {tid}.\n"
+
+
+def test_twenty_concurrent_runners_of_one_task_start_it_once(
+    fleet: Fleet, project: Path, tmp_path: Path
+) -> None:
+    """Issue 11: one of twenty `fleet-run ID` at once runs the task; the others say that it is
+    running already (not "under systemd", where none is), in one line and a hint."""
+    go = tmp_path / "go"
+    wait = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+    name = stream(
+        project / "s.jsonl",
+        {"event": "text", "text": "working"},
+        {"run": [sys.executable, "-c", wait]},
+        {"run": ["fleet", "close", "$FLEET_TASK_ID", "--reason", "once"]},
+    )
+    tid = fleet.add("contended", "--coder", "replay", "-d", name)
+    runners = [
+        subprocess.Popen(
+            [fleet_exe("fleet-run"), tid],
+            cwd=project,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(20)
+    ]
+    try:
+        wait_for(
+            lambda: sum(r.poll() is not None for r in runners) >= 19, 120, "19 runners to refuse"
+        )
+        go.touch()
+        for r in runners:
+            r.wait(timeout=DEADLINE)
+    finally:
+        go.touch()
+        for r in runners:
+            if r.poll() is None:
+                r.kill()
+                r.wait()
+    ended = [(r.returncode, r.stderr.read() if r.stderr else "") for r in runners]
+    assert sorted(code for code, _ in ended) == [0] + [4] * 19, ended
+    refusal = [
+        f"fleet-run: error: {tid} is already running on this host",
+        f"fleet-run: hint: follow it with `fleet logs -f {tid}`",
+    ]
+    assert [err.splitlines() for code, err in ended if code == 4] == [refusal] * 19
+    shown = task(fleet, tid)
+    assert shown["status"] == "done" and shown["reason"] == "once"
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["success"]
+
+
+def test_a_reader_that_goes_away_ends_only_the_echo(
+    fleet: Fleet, project: Path, home: Path, tmp_path: Path
+) -> None:
+    """Issue 11, item 9: `fleet-run ID | head -1`. Once head has gone, the runner's next line
+    meets a broken pipe: the echo ends there, the agent goes on and the attempt ends well."""
+    go = tmp_path / "go"
+    wait = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+    name = stream(
+        project / "s.jsonl",
+        {"event": "text", "text": "first"},
+        {"run": [sys.executable, "-c", wait]},
+        *({"event": "text", "text": f"after the reader left, {n}"} for n in range(50)),
+        {"run": ["fleet", "close", "$FLEET_TASK_ID", "--reason", "finished"]},
+        {"event": "result", "text": "done"},
+    )
+    tid = fleet.add("piped", "--coder", "replay", "-d", name)
+    with (tmp_path / "err").open("w") as err:
+        runner = subprocess.Popen(
+            [fleet_exe("fleet-run"), tid], cwd=project, stdout=subprocess.PIPE, stderr=err
+        )
+    assert runner.stdout is not None
+    head = subprocess.run(
+        ["head", "-1"], stdin=runner.stdout, capture_output=True, text=True, timeout=DEADLINE
+    )
+    runner.stdout.close()  # the pipe's only reader is gone with head
+    go.touch()
+    try:
+        code = runner.wait(timeout=DEADLINE)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    assert json.loads(head.stdout)["text"] == "first"
+    errors = (tmp_path / "err").read_text()
+    assert code == 0 and "Traceback" not in errors, errors
+    assert f"fleet-run: {tid}: success → done (finished)" in errors
+    shown = task(fleet, tid)
+    assert shown["status"] == "done" and shown["reason"] == "finished"
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["success"]
+    logged = fleet.ok("logs", tid)
+    assert "after the reader left, 49" in logged and "result (ok): done" in logged
+
+
+@pytest.mark.parametrize("ends", [False, True], ids=["while-it-works", "at-the-outcome"])
+def test_a_runner_that_fails_stops_its_agents_whole_tree(
+    project: Path, tmp_path: Path, ends: bool
+) -> None:
+    """Issue 11, item 9: the disk under FLEET_HOME (a small tmpfs) fills up, the agent's own
+    doing here: it writes a filler file there. Then either the agent works on, and the
+    runner's next write to the store fails, or the agent ends, and writing the outcome fails.
+    Before the error ends the runner, nothing of the agent is left: neither the agent nor a
+    tool in its process group (its output closed) nor one in a session of its own."""
+    from tests.test_hostile_input import full_disk
+
+    tools = [f"sleep {610_000 + os.getpid() % 10_000 + n}" for n in range(3)]
+    fill = (
+        "import os\n"
+        "with open(os.path.join(os.environ['FLEET_HOME'], '..', 'filler'), 'wb') as f:\n"
+        "    try:\n"
+        "        while True: f.write(b'\\0' * 65536); f.flush()\n"
+        "    except OSError: pass\n"
+    )
+    script = (
+        f"setsid {tools[0]} </dev/null >/dev/null 2>&1 & {tools[1]} >/dev/null & "
+        f'{sys.executable} -c "$0"; '
+        'echo \'{"event": "session", "session": "s-after-the-disk-filled"}\'; '
+        + ("exit 0" if ends else f"exec {tools[2]}")
+    )
+    name = stream(project / "s.jsonl", {"run": ["sh", "-c", script, fill]})
+
+    def left() -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                line = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if entry.isdigit() and any(t.encode() + b" " == line for t in tools):
+                found.append(int(entry))
+        return found
+
+    with full_disk(tmp_path / "disk") as holder:
+        enter = ["nsenter", "-t", str(holder), "-m", f"--wd={project}", "--"]
+        env = {**os.environ, "FLEET_HOME": str(tmp_path / "disk" / "home")}
+
+        def fleet_in(*argv: str, timeout: float = DEADLINE) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*enter, *argv],
+                cwd=project,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+
+        added = fleet_in(fleet_exe(), "add", "fills the disk", "--coder", "replay", "-d", name)
+        assert added.returncode == 0, added.stderr
+        try:
+            ran = fleet_in(fleet_exe("fleet-run"), added.stdout.strip(), timeout=120)
+            survivors = left()
+        finally:
+            for pid in left():
+                os.kill(pid, signal.SIGKILL)
+    lines = ran.stderr.splitlines()
+    assert ran.returncode not in (0, 3) and "Traceback" not in ran.stderr, ran.stderr
+    assert any(line.startswith("fleet-run: error: the disk holding") for line in lines), lines
+    assert survivors == []

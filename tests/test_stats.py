@@ -134,6 +134,17 @@ def test_groups_by_label_day_and_hour(store: Store, project: Path) -> None:
         stats.compute(store, by=("colour",))
 
 
+def test_attempts_whose_coder_never_started_count_for_nothing(store: Store, project: Path) -> None:
+    ok, never = store.add([TaskSpec("a", str(project)), TaskSpec("b", str(project))])
+    for task in store.claim(2, "h", 60, "replay", None):
+        done = task.id == ok.id
+        end = AttemptEnd("success" if done else "unstartable")
+        store.finish(task.id, "h", end, Status.DONE if done else Status.BLOCKED)
+    attempts = stats.compute(store)["attempts"]
+    assert (attempts["total"], attempts["success_rate"]) == (1, 1.0)
+    assert never.id != ok.id
+
+
 def test_windows_from_durations_and_dates() -> None:
     now = 1_800_000_000.0
     assert stats.point("90m", now) == iso(now - 5400)

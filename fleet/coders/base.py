@@ -187,6 +187,10 @@ class Coder(ABC):
     tested_versions: ClassVar[tuple[str, ...]] = ()
     # A command's exit 0 means the task is done; an agent must close its task explicitly.
     closes_on_success: ClassVar[bool] = False
+    # The runner gives the CLI its prompt file (RunSpec.prompt_file, 0600) as standard input,
+    # and argv() leaves the prompt off the command line, which any local user can read in
+    # /proc/PID/cmdline; otherwise standard input is /dev/null.
+    prompt_on_stdin: ClassVar[bool] = False
 
     def __init__(self, settings: CoderSettings) -> None:
         self.settings = settings

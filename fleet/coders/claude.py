@@ -4,14 +4,14 @@ Command line::
 
     claude --print --output-format stream-json --verbose --dangerously-skip-permissions
            --mcp-config TASK_DIR/claude-mcp.json [--model M] [--resume SESSION] [ARGS...]
-           -- PROMPT
+           < TASK_DIR/prompt.md
 
 (`stream-json` needs `--verbose`; `--resume` continues the session of a suspended attempt, which
 works only from the same directory and with the same config directory, as every attempt of a
-task has; the prompt comes last, after `--`, so that no variadic option in ARGS, such as
-`--allowedTools A B`, can swallow it; a prompt over 100 kB, which Linux would refuse as one
-argument, is replaced by a pointer to the prompt file.) The runner's working
-directory is the task's: Claude Code has no flag for it.
+task has; the prompt is standard input, which `--print` reads when no prompt argument is given:
+on the command line any local user could read it in /proc/PID/cmdline, a variadic option in
+ARGS such as `--allowedTools A B` could swallow it, and Linux refuses one argument over 128 KiB.)
+The runner's working directory is the task's: Claude Code has no flag for it.
 
 Where its state lives. Claude Code keeps the login (`~/.claude/.credentials.json`, or the
 `ANTHROPIC_API_KEY` of the environment), its settings and its session transcripts
@@ -97,9 +97,6 @@ LONGER = 2000  # characters of a tool result in its event
 SIGNAL_EXITS = frozenset(
     128 + s for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 )
-# Linux refuses a single argument over 128 KiB (MAX_ARG_STRLEN); a longer prompt is passed as
-# a pointer to the prompt file instead.
-PROMPT_ARG_MAX = 100_000
 _DECODE = json.JSONDecoder().raw_decode
 INPUT_KEYS = ("command", "file_path", "path", "pattern", "url", "query", "description", "prompt")
 # Anthropic's price of each token kind relative to uncached input, alike for every Claude model:
@@ -192,6 +189,7 @@ class ClaudeCoder(Coder):
     default_context = 200_000
     tested_versions = ("2.1.332",)
     resumes = True
+    prompt_on_stdin = True
 
     def __init__(self, settings: CoderSettings) -> None:
         super().__init__(settings)
@@ -227,13 +225,7 @@ class ClaudeCoder(Coder):
             argv += ["--model", model]
         if run.resume:
             argv += ["--resume", run.resume]
-        prompt = run.prompt
-        if len(prompt.encode()) > PROMPT_ARG_MAX:
-            prompt = (
-                f"Your task is too long for a command line: it is in {run.prompt_file}."
-                " Read that file first and do what it says."
-            )
-        return [*argv, *self.settings.args, "--", prompt]
+        return [*argv, *self.settings.args]
 
     def environ(self, run: RunSpec) -> dict[str, str]:
         env = {

@@ -1,8 +1,10 @@
 """The `codex` coder: OpenAI's Codex CLI (`codex exec --json`), verified with codex-cli 0.171.0.
 
 Command: `codex exec --json --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox
--C CWD [-m MODEL] -c … -o TASK_DIR/codex-last-message.md [ARGS…] -- PROMPT`, stdin /dev/null
-(codex waits for EOF on any other stdin). Nothing extra is needed as root.
+-C CWD [-m MODEL] -c … -o TASK_DIR/codex-last-message.md [ARGS…] -- - < TASK_DIR/prompt.md`:
+the prompt `-` is read from standard input, the prompt file, which ends (codex waits for the
+end of its standard input), and is kept off the command line, which any local user can read in
+/proc/PID/cmdline. Nothing extra is needed as root.
 
 Where codex's state lives. Under `$CODEX_HOME` (default `~/.codex`) codex keeps the user's login
 (`auth.json`, or the OS keyring), their `config.toml` (model provider, profiles, MCP servers),
@@ -85,7 +87,6 @@ ASK_TIMEOUT_S = 2_147_483.0  # 24.8 days, as the other coders: above question_ti
 MCP_GRACE_MS = 10_000
 LAST_MESSAGE = "codex-last-message.md"
 BUILTIN_PROVIDERS = frozenset({"openai", "ollama", "lmstudio", "amazon-bedrock", "oss"})
-MAX_PROMPT_ARG = 100_000  # bytes; Linux refuses one argument over 128 KiB
 SHORT = 200
 LONG = 2000
 WARN_PCT = 75.0  # where codex's own terminal UI starts warning about a window
@@ -212,6 +213,7 @@ class CodexCoder(Coder):
     default_context = 272_000  # GPT-5-class input window; codex itself budgets 95% of it
     tested_versions = ("codex-cli 0.171.0",)
     resumes = True
+    prompt_on_stdin = True
 
     def __init__(self, settings: CoderSettings) -> None:
         super().__init__(settings)
@@ -303,11 +305,8 @@ class CodexCoder(Coder):
         if custom and re.fullmatch(r"[A-Za-z0-9_-]+", provider):
             argv += ["-c", f"model_providers.{provider}.stream_max_retries=0"]
         argv += ["-o", str(run.task_dir / LAST_MESSAGE)]
-        prompt = run.prompt
-        if len(prompt.encode("utf-8", "surrogateescape")) > MAX_PROMPT_ARG:
-            prompt = f"Your task is too long for the command line: read {run.prompt_file} first."
         thread = [run.resume] if run.resume else []
-        return [*argv, *self.settings.args, "--", *thread, prompt]
+        return [*argv, *self.settings.args, "--", *thread, "-"]
 
     def prepare(self, run: RunSpec) -> None:
         (run.task_dir / LAST_MESSAGE).unlink(missing_ok=True)  # a killed attempt leaves none

@@ -1,8 +1,11 @@
 """The `gemini` coder: Gemini CLI in headless mode, one JSON event per output line.
 
-    gemini --prompt=PROMPT --output-format stream-json --approval-mode yolo [--model M] ARGS...
+    gemini --output-format stream-json --approval-mode yolo [--model M] ARGS... < prompt.md
 
-runs in the task's directory with stdin from /dev/null. What fleet decides for it:
+runs in the task's directory. The prompt is its standard input (the CLI runs headless when
+standard input is not a terminal, and takes what it reads there as the prompt, up to 8 MiB), not
+an argument: on the command line any local user could read it in /proc/PID/cmdline, and Linux
+refuses one argument over 128 KiB. What fleet decides for it:
 
 * **Where its state lives.** The CLI keeps everything under `$GEMINI_CLI_HOME/.gemini`
   (default `~/.gemini`): settings, credentials, and per project its chats (sessions), history and
@@ -98,8 +101,6 @@ TMP_DIR = "tmp"
 OWN_STATE = frozenset({"settings.json", "tmp", "history", "projects.json", "trustedFolders.json"})
 HOME_LINKS = (".env", ".agents")  # read from the home directory itself, beside .gemini
 FLEET_VARIABLES = ("FLEET_TASK_ID", "FLEET_TASK_DIR", "FLEET_ARTIFACT_DIR", "FLEET_HOME")
-# A prompt longer than this is not passed as one argument (Linux allows 128 KiB per argument).
-MAX_PROMPT_ARG = 100_000
 TOOL_TEXT = 200
 RESULT_TEXT = 4000
 QUOTA_ERRORS = frozenset({"TerminalQuotaError", "RetryableQuotaError"})
@@ -136,6 +137,7 @@ class GeminiCoder(Coder):
     default_context = 1_048_576  # the Gemini 2.5 and 3 models
     tested_versions = ("0.61.0",)
     resumes = True
+    prompt_on_stdin = True
 
     def __init__(self, settings: CoderSettings) -> None:
         super().__init__(settings)
@@ -146,23 +148,7 @@ class GeminiCoder(Coder):
     # ------------------------------------------------------------------ starting it
 
     def argv(self, run: RunSpec) -> list[str]:
-        prompt = run.prompt
-        extra: list[str] = []
-        if len(prompt.encode("utf-8", "surrogateescape")) > MAX_PROMPT_ARG:
-            prompt = (
-                f"Your task is too long to pass here; it is in the file {run.prompt_file}."
-                " Read that whole file first and follow it."
-            )
-            extra = ["--include-directories", str(run.prompt_file.parent)]
-        argv = [
-            self.binary,
-            f"--prompt={prompt}",
-            "--output-format",
-            "stream-json",
-            "--approval-mode",
-            "yolo",
-            *extra,
-        ]
+        argv = [self.binary, "--output-format", "stream-json", "--approval-mode", "yolo"]
         model = self.model(run)
         if model:
             argv += ["--model", model]

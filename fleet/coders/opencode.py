@@ -1,13 +1,14 @@
 """The `opencode` coder: OpenCode (`opencode run --format json`), verified with 1.18.33.
 
 Command: `opencode run --format json --auto --dir CWD --title "ID TITLE" [--model PROVIDER/MODEL]
-ARGS... < prompt.md`. The prompt goes in on standard input (through `/bin/sh -c 'exec … <
-FILE'`), not as an argument: `run` wraps every argument that contains a space in double quotes
-and backslash-escapes the quotes inside it before the model sees it, while standard input
-arrives verbatim. `--auto` approves what the user's permission rules leave at "ask" (without it
-`run` rejects those requests); explicit denials still hold. `--title` names the session after
-the task, and spares the model call that would otherwise invent a title. The model is the
-task's, through `[coders.opencode] models` aliases, in OpenCode's `provider/model` form.
+ARGS... < prompt.md`. The prompt goes in on standard input (the runner's, which `/bin/sh -c
+'exec …'` passes on), not as an argument: `run` wraps every argument that contains a space in
+double quotes and backslash-escapes the quotes inside it before the model sees it, while
+standard input arrives verbatim; and any local user can read a command line. `--auto`
+approves what the user's permission rules leave at "ask" (without it `run` rejects those
+requests); explicit denials still hold. `--title` names the session after the task, and
+spares the model call that would otherwise invent a title. The model is the task's, through
+`[coders.opencode] models` aliases, in OpenCode's `provider/model` form.
 
 Where OpenCode's state lives. Nothing of the user's is replaced: HOME and the XDG directories
 are left alone, so the user's credentials (`opencode auth login`, `$XDG_DATA_HOME/opencode/`)
@@ -74,16 +75,16 @@ MCP_SERVER = "fleet"  # as for the other coders; OpenCode names the tools fleet_
 SIGNAL_EXITS = frozenset(128 + s for s in (signal.SIGINT, signal.SIGKILL, signal.SIGTERM))
 MCP_TIMEOUT_MS = 2_147_483_647  # OpenCode's largest tool-call timeout (a larger one means 1 ms)
 SUMMARY = 200  # characters of a tool's input or output kept in an event's text
-# `sh -c SCRIPT NAME PROMPT_FILE ARGV...`: run ARGV with the prompt file as standard input.
+# `sh -c SCRIPT NAME ARGV...`: run ARGV (its standard input is the prompt file, from the runner).
 # OpenCode creates its database on its first start, and two first starts at once collide
 # ("Failed query: CREATE TABLE ..."), which would fail every task but one of a first batch.
 # So while the database is missing, one `session list` at a time creates it, under a lock.
 STDIN_SCRIPT = (
-    'prompt=$1; shift; data="${XDG_DATA_HOME:-$HOME/.local/share}/opencode"; '
+    'data="${XDG_DATA_HOME:-$HOME/.local/share}/opencode"; '
     'if [ ! -e "$data/opencode.db" ] && mkdir -p "$data"; then '
     'flock "$data/.fleet-first-start" sh -c \'[ -e "$1" ] || "$2" session list\' '
     'fleet-opencode-init "$data/opencode.db" "$1" >/dev/null 2>&1 </dev/null; fi; '
-    'exec "$@" < "$prompt"'
+    'exec "$@"'
 )
 RATE_TEXT = re.compile(
     r"\b429\b|rate.?limit|too many requests|usage limit|quota|resource.?exhausted", re.I
@@ -103,6 +104,7 @@ class OpencodeCoder(Coder):
     default_context = 200_000
     tested_versions = ("1.18.33",)
     resumes = True
+    prompt_on_stdin = True
 
     def __init__(self, settings: CoderSettings) -> None:
         super().__init__(settings)
@@ -127,7 +129,6 @@ class OpencodeCoder(Coder):
             "-c",
             STDIN_SCRIPT,
             "fleet-opencode",
-            str(run.prompt_file),
             self.binary,
             "run",
             "--format",

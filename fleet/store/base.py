@@ -294,8 +294,9 @@ class Store(Protocol):
     def attempt_sums(
         self, since: str | None, until: str | None, dims: Sequence[str]
     ) -> list[tuple[Any, ...]]:
-        """Attempts that ended in [since, until) (not-started aside), summed by `dims` (coder,
-        model, cwd, hour: the UTC hour of their end) and outcome: (*dims, outcome, count,
+        """Attempts that ended in [since, until) (not-started and unstartable aside: the coder
+        never ran), summed by `dims` (coder, model, cwd, hour: the UTC hour of their end) and
+        outcome: (*dims, outcome, count,
         tokens_in, tokens_out, cache_read, cache_write, cost, estimated cost, attempts with
         tokens but no cost, first start)."""
         ...

@@ -1138,8 +1138,8 @@ class SQLStore:
         head = ", ".join([*columns, "a.outcome"])
         sql = (
             f"SELECT {head}, {select} FROM attempts a{join} WHERE a.ended_at IS NOT NULL"
-            " AND a.outcome != 'not-started' AND (? IS NULL OR a.ended_at >= ?)"
-            " AND (? IS NULL OR a.ended_at < ?)"
+            " AND a.outcome NOT IN ('not-started', 'unstartable')"
+            " AND (? IS NULL OR a.ended_at >= ?) AND (? IS NULL OR a.ended_at < ?)"
         )
         return sql, (since, since, until, until), head
 
