@@ -16,6 +16,7 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from typing import Any
 
 from fleet import audit
 from fleet.errors import StoreError
@@ -89,6 +90,7 @@ class SQLiteStore(SQLStore):
         self._path = path
         self.actor = actor
         self._trail: list[audit.Row] = []  # the audit rows of the open write transaction
+        self._later: list[tuple[str, tuple[Any, ...]]] = []
         self._read_only = False  # opened for reading only, because the disk is full
 
     @classmethod
@@ -228,9 +230,11 @@ class SQLiteStore(SQLStore):
             if self._read_only:
                 raise _disk_full(self._path)
             self._db.execute("BEGIN IMMEDIATE")
-            self._trail = []
+            self._trail, self._later = [], []
             try:
                 yield self._db
+                for sql, args in self._later:
+                    self._db.execute(sql, args)
                 self._db.execute("COMMIT")
             except BaseException:
                 # SQLite rolls back by itself on some errors (a full disk): a second ROLLBACK
@@ -238,7 +242,7 @@ class SQLiteStore(SQLStore):
                 if self._db.in_transaction:
                     with suppress(sqlite3.Error):
                         self._db.execute("ROLLBACK")
-                self._trail = []
+                self._trail, self._later = [], []
                 raise
             # Announce the commit: the WAL's last write comes before the commit is visible
             # (that happens in shared memory, which inotify cannot see); this comes after.

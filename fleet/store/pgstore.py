@@ -51,19 +51,50 @@ class _Number(Loader):
 
 
 class _Conn:
-    """A psycopg connection that speaks the shared SQL: `?` placeholders."""
+    """A psycopg connection that speaks the shared SQL (`?` placeholders) and saves round
+    trips: a write's BEGIN and lock go with its first statement, the statements of an
+    executemany go as one, and what is left for the commit goes with it."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
+        self._binder = psycopg.ClientCursor(conn)
+        self.begin = b""  # a write's BEGIN, until its first statement carries it
+        self.begun = False  # whether the server has the write's transaction open
+
+    def _bound(self, sql: str, parameters: Any) -> bytes:
+        return self._binder.mogrify(pg_sql(sql), parameters).encode()
+
+    def _send(self, query: bytes) -> Cursor:
+        if not self.begin:
+            return self._conn.execute(query)
+        query, self.begin, self.begun = self.begin + b"; " + query, b"", True
+        cur = self._conn.execute(query)
+        while cur.nextset():  # the result that matters is the last statement's
+            pass
+        return cur
 
     def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
-        return self._conn.execute(pg_sql(sql), parameters)
+        return self._send(self._bound(sql, parameters))
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> Any:
-        rows = list(parameters)
+        rows = [self._bound(sql, p) for p in parameters]
         if rows:
-            with self._conn.cursor() as cur:
-                cur.executemany(pg_sql(sql), rows)
+            self._send(b"; ".join(rows))
+
+    def commit(self, later: list[tuple[str, tuple[Any, ...]]]) -> None:
+        statements = [self._bound(sql, args) for sql, args in later]
+        if self.begin and not statements:
+            self.begin = b""  # the transaction did nothing: nothing to begin or commit
+            return
+        self._send(b"; ".join([*statements, b"COMMIT"]))
+        self.begun = False
+
+    def rollback(self) -> None:
+        self.begin = b""
+        if self.begun and not self._conn.closed:
+            self.begun = False
+            with suppress(psycopg.Error):
+                self._conn.execute(b"ROLLBACK")
 
 
 def describe(url: str) -> tuple[str, str | None]:
@@ -98,6 +129,7 @@ class PGStore(SQLStore):
         self._lock_fd = -1
         self.actor = actor
         self._trail = []
+        self._later = []
 
     @classmethod
     def _connect(
@@ -217,17 +249,14 @@ class PGStore(SQLStore):
     def _write(self, shared: bool = False) -> Iterator[Conn]:
         self._usable()
         with self._errors():
-            # BEGIN and the lock in one round trip (client-side binding sends both at once).
-            self._conn.execute(_BEGIN_SHARED if shared else _BEGIN)
-            self._trail = []
+            self._db.begin = _BEGIN_SHARED if shared else _BEGIN
+            self._trail, self._later = [], []
             try:
                 yield self._db
-                self._conn.execute(b"COMMIT")
+                self._db.commit(self._later)
             except BaseException:
-                self._trail = []
-                if not self._conn.closed:
-                    with suppress(psycopg.Error):
-                        self._conn.execute(b"ROLLBACK")
+                self._trail, self._later = [], []
+                self._db.rollback()
                 raise
             if self._lock_fd >= 0:
                 os.utime(self._lock_fd)

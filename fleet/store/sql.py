@@ -185,6 +185,9 @@ class SQLStore:
     q: ClassVar[Queries]
     actor: audit.Actor
     _trail: list[audit.Row]  # the audit rows of the open write transaction
+    # Writes of the open transaction that nothing in it reads back (audit rows, attempt rows
+    # of a claim): the backend sends them with its COMMIT (on PostgreSQL, in one round trip).
+    _later: list[tuple[str, tuple[Any, ...]]]
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -211,9 +214,11 @@ class SQLStore:
     def _audit(self, db: Conn, task_id: str, action: str, **detail: Any) -> None:
         """Record `action` on `task_id` in the open write transaction."""
         detail = {k: v for k, v in detail.items() if v is not None}
-        db.execute(
-            "INSERT INTO audit (task, at, action, by, detail) VALUES (?, ?, ?, ?, ?)",
-            (task_id, now_iso(), action, self.actor.by, json.dumps(detail, ensure_ascii=False)),
+        self._later.append(
+            (
+                "INSERT INTO audit (task, at, action, by, detail) VALUES (?, ?, ?, ?, ?)",
+                (task_id, now_iso(), action, self.actor.by, json.dumps(detail, ensure_ascii=False)),
+            )
         )
         self._trail.append(audit.Row(task_id, action, self.actor.by, detail))
 
@@ -892,22 +897,18 @@ class SQLStore:
         if n <= 0:
             return []
         boot = boot or host.boot_id()
+        d = self.dialect
+        # The gates are read in the claim's own statement: one round trip less.
+        gate_open = f"(g.until IS NULL OR g.until > {d.time_sql})"
+        where = (
+            f"{READY_WHERE} AND NOT EXISTS (SELECT 1 FROM gates g WHERE g.name = 'pause'"
+            f" AND {gate_open}) AND COALESCE(t.coder, ?) NOT IN (SELECT substr(g.name, 7)"
+            f" FROM gates g WHERE substr(g.name, 1, 6) = 'coder:' AND {gate_open})"
+        )
+        args = (d.time_arg(0), default_coder, d.time_arg(0))
         with self._write(shared=True) as db:
-            gates = self._open_gates(db)
-            if "pause" in gates:
-                return []
-            gated = [g[6:] for g in gates if g.startswith("coder:")]
-            where = f"{READY_WHERE} AND COALESCE(t.coder, ?) NOT IN ({_marks(len(gated))})"
             claimed = self._claim(
-                db,
-                where,
-                (default_coder, *gated),
-                n,
-                owner,
-                lease_s,
-                default_coder,
-                default_model,
-                boot,
+                db, where, args, n, owner, lease_s, default_coder, default_model, boot
             )
             return [self._fetch(db, t) for t in claimed]
 
@@ -975,15 +976,17 @@ class SQLStore:
             ),
         ).fetchall()
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING keeps no order
-        if rows:  # one statement, not one per row: a round trip each on PostgreSQL
-            db.execute(
-                "INSERT INTO attempts (task, n, owner, started_at, coder, model) VALUES "
-                + ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(rows)),
-                [
-                    x
-                    for task_id, n, coder, model, *_ in rows
-                    for x in (task_id, n, owner, now, coder, model)
-                ],
+        if rows:  # one statement, sent with the commit (see _later)
+            self._later.append(
+                (
+                    "INSERT INTO attempts (task, n, owner, started_at, coder, model) VALUES "
+                    + ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(rows)),
+                    tuple(
+                        x
+                        for task_id, n, coder, model, *_ in rows
+                        for x in (task_id, n, owner, now, coder, model)
+                    ),
+                )
             )
         for task_id, attempt, *_ in rows:
             self._audit(db, task_id, "claimed", attempt=attempt, owner=owner, boot=boot)
