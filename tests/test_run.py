@@ -545,8 +545,10 @@ def test_a_runner_rides_out_a_lost_connection_to_the_store(
     from tests.sandbox import wait_for
 
     monkeypatch.setenv("FLEET_LEASE_SECONDS", "10")  # renewed every 3.3 s
-    go = tmp_path / "go"
-    script = f'while [ ! -e {go} ]; do sleep 0.1; done; fleet close "$FLEET_TASK_ID"'
+    started, go = tmp_path / "started", tmp_path / "go"
+    script = (
+        f'touch {started}; while [ ! -e {go} ]; do sleep 0.1; done; fleet close "$FLEET_TASK_ID"'
+    )
     tid = fleet.add("waits", "--coder", "command", "-d", script)
     store = open_store(resolve())
 
@@ -555,15 +557,19 @@ def test_a_runner_rides_out_a_lost_connection_to_the_store(
 
     out = tmp_path / "run.out"
     with run_in_background(tid, project, out) as runner:
-        wait_for(lambda: bool(lease()), DEADLINE, "the claim")
+        wait_for(started.exists, DEADLINE, "the agent")  # the runner is in its loop
         with psycopg.connect(os.environ["FLEET_STORE"], autocommit=True) as admin:
             admin.execute(
                 b"SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 b" WHERE application_name = 'fleet-run'"
             )
         before = lease()
-        wait_for(lambda: lease() > before, DEADLINE, "a renewal after the connection was lost")
-        assert "cannot renew the claim, trying again" in out.with_suffix(".err").read_text()
+        errors = out.with_suffix(".err")
+        try:
+            wait_for(lambda: lease() > before, DEADLINE, "a renewal after the connection was lost")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}; fleet-run: {runner.poll()} {errors.read_text()}") from None
+        assert "cannot renew the claim, trying again" in errors.read_text()
         assert runner.poll() is None
         go.touch()
         assert runner.wait(timeout=DEADLINE) == 0, out.with_suffix(".err").read_text()
