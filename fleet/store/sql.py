@@ -15,7 +15,9 @@ Invariants:
 - tasks are read as JSON built by the database from `TASK_FIELDS`, so `--json` output and
   `Task` objects come from one expression;
 - every change a person, an agent or a program makes writes its `audit` row (fleet.audit) in
-  its own transaction, as `actor`; the rows are journaled only once committed.
+  its own transaction, as `actor`; the rows are journaled only once committed;
+- rows that nothing in their transaction reads back (audit rows, a claim's attempt rows) are
+  written last, just before the commit (`_later`): on PostgreSQL in the commit's round trip.
 """
 
 from __future__ import annotations
