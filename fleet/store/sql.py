@@ -158,9 +158,13 @@ class Queries:
 
 # The fence of a runner's write: its attempt, if it names one (bound twice: attempt, attempt).
 ATTEMPT_IS = "(? IS NULL OR attempts = ?)"
+# `predecessor IS NULL OR`: most tasks have none, and without it PostgreSQL may plan the test
+# as an anti-join that reads every claimed task for each ready one.
 READY_WHERE = (
     "t.status = 'ready' AND NOT EXISTS (SELECT 1 FROM deps d JOIN tasks u ON u.id = d.after"
-    " WHERE d.task = t.id AND u.status != 'done') AND NOT " + STOPPING.format(t="t")
+    " WHERE d.task = t.id AND u.status != 'done') AND (t.predecessor IS NULL OR NOT "
+    + STOPPING.format(t="t")
+    + ")"
 )
 ATTEMPT_COLUMNS = ", ".join(f.name for f in ATTEMPT_FIELDS)
 OUTBOX_COLUMNS = (
