@@ -79,6 +79,18 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             f"LogRateLimitBurst={LOG_BURST}",
             "Restart=no",
         ],
+        SCHEDULE_SERVICE: [
+            "[Unit]",
+            "Description=fleet schedule %i: add its batch",
+            "Documentation=man:fleet-schedule(1)",
+            "StartLimitIntervalSec=0",
+            "",
+            "[Service]",
+            "Type=oneshot",
+            _environment(inst),
+            *user,
+            f"ExecStart={bindir}/fleet schedule fire %i",
+        ],
         "fleet.slice": [
             "[Unit]",
             "Description=fleet agents",
@@ -138,6 +150,29 @@ def render(inst: Install, config: Config) -> dict[str, str]:
 
 
 TELEGRAM = "fleet-telegram.service"
+SCHEDULE_SERVICE = "fleet-schedule@.service"
+
+
+def schedule_timer(name: str, on_calendar: str, persistent: bool) -> str:
+    """fleet-schedule@NAME.timer, which `fleet schedule add` installs beside the units of
+    `fleet setup`: `name` is checked by fleet.schedules.check_name and `on_calendar` is
+    systemd's normalized form of the spec (one line, and no `%`, which systemd would read as
+    a specifier: fleet.calendar refuses both)."""
+    lines = [
+        "[Unit]",
+        f"Description=fleet schedule {name}",
+        "Documentation=man:fleet-schedule(1)",
+        "",
+        "[Timer]",
+        f"OnCalendar={on_calendar}",
+        f"Persistent={'true' if persistent else 'false'}",
+        # systemd's default (a minute) would fire a per-second spec up to a minute late.
+        "AccuracySec=1s",
+        "",
+        "[Install]",
+        "WantedBy=timers.target",
+    ]
+    return STAMP.replace("fleet setup", "fleet schedule add") + "\n" + "\n".join(lines) + "\n"
 
 
 def _telegram(inst: Install, config: Config, user: list[str], target: str) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import click
@@ -157,6 +158,49 @@ def add(
     The task becomes ready at once and runs as soon as a slot is free and every task given
     with --after is done.
     """
+    specs, lines, source = build(
+        app, title, description, cwd, coder, model, priority, after, labels, parent,
+        parent_waits, isolation, base, merge, max_cost, max_tokens, batch,
+    )  # fmt: skip
+    tasks = add_tasks(app, specs, lines, source)
+    out = fmt_of(fmt)
+    if out == "table":
+        sys.stdout.write("".join(t.id + "\n" for t in tasks))
+    elif batch is None and out == "json":
+        emit_object(tasks[0].to_json())
+    else:
+        emit_objects((t.to_json() for t in tasks), out)
+
+
+def specs_from_args(app: App, args: Sequence[str]) -> list[TaskSpec]:
+    """The tasks `fleet add ARGS` would add now (in the current directory), checked, not
+    added: what a schedule adds when it fires (fleet.cli.schedule)."""
+    ctx = add.make_context("fleet add", list(args), obj=app)
+    with ctx:
+        params = {k: v for k, v in ctx.params.items() if k != "fmt"}
+        return build(app, **params)[0]
+
+
+def build(
+    app: App,
+    title: str | None,
+    description: str | None,
+    cwd: str | None,
+    coder: str | None,
+    model: str | None,
+    priority: int,
+    after: tuple[str, ...],
+    labels: tuple[str, ...],
+    parent: str | None,
+    parent_waits: bool,
+    isolation: str | None,
+    base: str | None,
+    merge: str | None,
+    max_cost: float | None,
+    max_tokens: int | None,
+    batch: str | None,
+) -> tuple[list[TaskSpec], list[int], str]:
+    """The specs `fleet add`'s arguments ask for, the batch's line numbers and its source."""
     from fleet import inputs
 
     lines: list[int] = []
@@ -200,14 +244,7 @@ def add(
             parent, parent_waits, isolation, base, merge, max_cost, max_tokens,
         )  # fmt: skip
         specs = [spec_of(app, one)]
-    tasks = add_tasks(app, specs, lines, source)
-    out = fmt_of(fmt)
-    if out == "table":
-        sys.stdout.write("".join(t.id + "\n" for t in tasks))
-    elif batch is None and out == "json":
-        emit_object(tasks[0].to_json())
-    else:
-        emit_objects((t.to_json() for t in tasks), out)
+    return specs, lines, source
 
 
 class One(NamedTuple):
