@@ -132,10 +132,13 @@ def _uninstall(scope: Scope, target: Path, units: dict[str, str]) -> None:
     from fleet import systemd
     from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM, WEB_SERVICE, WEB_SOCKET
 
+    # The schedules' timers too (fleet schedule add wrote them): their service goes now.
+    timers = sorted(p.name for p in target.glob("fleet-schedule@?*.timer"))
     systemd.systemctl(
-        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, check=False
-    )
-    for name in units:
+        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, *timers,
+        check=False,
+    )  # fmt: skip
+    for name in [*units, *timers]:
         (target / name).unlink(missing_ok=True)
     if scope == "system":
         (CATALOG_DIR / CATALOG_FILE).unlink(missing_ok=True)
