@@ -12,6 +12,7 @@ from typing import Any, Literal, NamedTuple
 
 from fleet.errors import ConfigError
 from fleet.model import ISOLATIONS, MERGE_STRATEGIES
+from fleet.unitsyntax import SIZE, SIZE_EXAMPLE
 
 Kind = Literal["int", "str", "bool", "list", "ids", "table", "sizes", "number", "prices"]
 
@@ -332,6 +333,8 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "Memory limit of one attempt's whole process tree (MemoryMax=, e.g. 4G); empty for"
         " none. Exceeding it ends the attempt as out of memory. Applied by `fleet setup`.",
+        pattern=SIZE,
+        example=SIZE_EXAMPLE,
     ),
     Setting(
         "slice_memory_max",
@@ -339,6 +342,8 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "Memory limit for all agents together (MemoryMax= of fleet.slice, e.g. 16G); empty for"
         " none. Applied by `fleet setup`.",
+        pattern=SIZE,
+        example=SIZE_EXAMPLE,
     ),
     Setting(
         "slice_cpu_quota_pct",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fleet import __version__
+from fleet import unitsyntax as syntax
 from fleet.config import Config
 from fleet.paths import Paths, Scope
 
@@ -39,19 +40,31 @@ def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
 
 
 def _environment(inst: Install) -> str:
-    return f'Environment="FLEET_HOME={inst.paths.home}" "FLEET_SCOPE={inst.scope}"'
+    return syntax.environment(FLEET_HOME=str(inst.paths.home), FLEET_SCOPE=inst.scope)
+
+
+def _program(inst: Install, name: str) -> str:
+    """The quoted absolute path of fleet's program `name`, as the first word of a command."""
+    return syntax.exec_arg(inst.bindir / name, "the directory of fleet's programs")
+
+
+def _user(inst: Install) -> list[str]:
+    if inst.run_as and inst.scope == "system":
+        return [f"User={syntax.user(inst.run_as)}"]
+    return []
 
 
 def render(inst: Install, config: Config) -> dict[str, str]:
     """Unit file name -> content."""
-    home, bindir = inst.paths.home, inst.bindir
+    home = inst.paths.home
+    tasks = syntax.exec_arg(home / "tasks", "FLEET_HOME", tail="/%i")
     target = "default.target" if inst.scope == "user" else "multi-user.target"
     grace = config.get_int("stop_grace_seconds")
     timeout = config.get_int("task_timeout_seconds")
-    memory = config.get_str("slice_memory_max") or "infinity"
+    memory = syntax.size(config.get_str("slice_memory_max"), "slice_memory_max")
     cpu = config.get_int("slice_cpu_quota_pct")
-    tasks = config.get_int("slice_tasks_max")
-    user = [f"User={inst.run_as}"] if inst.run_as and inst.scope == "system" else []
+    processes = config.get_int("slice_tasks_max")
+    user = _user(inst)
     units = {
         "fleet-task@.service": [
             "[Unit]",
@@ -64,17 +77,17 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "NotifyAccess=main",
             _environment(inst),
             *user,
-            f"ExecStart={bindir}/fleet-run %i",
+            f"ExecStart={_program(inst, 'fleet-run')} %i",
             # fleet-reap only when fleet-run did not settle the attempt itself ($$: for sh).
             'ExecStopPost=/bin/sh -c \'test -e "$$0/.settled-$$INVOCATION_ID" || exec "$$@"\''
-            f" {home}/tasks/%i {bindir}/fleet-reap %i",
+            f" {tasks} {_program(inst, 'fleet-reap')} %i",
             "Slice=fleet.slice",
             "KillMode=control-group",
             "TimeoutStartSec=60",
             f"TimeoutStopSec={grace + 15}",
             f"WatchdogSec={config.get_int('watchdog_seconds')}",
             f"RuntimeMaxSec={timeout or 'infinity'}",
-            f"MemoryMax={config.get_str('task_memory_max') or 'infinity'}",
+            f"MemoryMax={syntax.size(config.get_str('task_memory_max'), 'task_memory_max')}",
             "LogRateLimitIntervalSec=1s",
             f"LogRateLimitBurst={LOG_BURST}",
             "Restart=no",
@@ -99,7 +112,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "[Slice]",
             f"MemoryMax={memory}",
             f"CPUQuota={cpu}%" if cpu else "CPUQuota=",
-            f"TasksMax={tasks or 'infinity'}",
+            f"TasksMax={processes or 'infinity'}",
         ],
         "fleet-claim.service": [
             "[Unit]",
@@ -111,7 +124,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "Type=oneshot",
             _environment(inst),
             *user,
-            f"ExecStart={bindir}/fleet-claim --quiet",
+            f"ExecStart={_program(inst, 'fleet-claim')} --quiet",
         ],
         "fleet-claim.path": [
             "[Unit]",
@@ -120,8 +133,8 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "",
             "[Path]",
             # Level-triggered: a poke made during a pass starts another one.
-            f"DirectoryNotEmpty={home}/wake",
-            f"PathChanged={inst.paths.config_file}",
+            f"DirectoryNotEmpty={syntax.path(home / 'wake', 'FLEET_HOME')}",
+            f"PathChanged={syntax.path(inst.paths.config_file, 'the configuration file')}",
             "Unit=fleet-claim.service",
             "",
             "[Install]",
@@ -185,7 +198,7 @@ def _telegram(inst: Install, config: Config, user: list[str], target: str) -> li
     credential = []
     if system and config.get_bool("telegram_credential"):
         path = os.path.expanduser(config.get_str("telegram_token_file").strip())
-        credential = [f"LoadCredential={CREDENTIAL}:{path}"]
+        credential = [f"LoadCredential={CREDENTIAL}:{syntax.path(path, 'telegram_token_file')}"]
     return [
         "[Unit]",
         "Description=fleet Telegram bot (answers, commands, notifications)",
@@ -198,7 +211,7 @@ def _telegram(inst: Install, config: Config, user: list[str], target: str) -> li
         _environment(inst),
         *user,
         *credential,
-        f"ExecStart={inst.bindir}/fleet-telegram",
+        f"ExecStart={_program(inst, 'fleet-telegram')}",
         "Restart=on-failure",
         "RestartSec=5s",
         "RestartPreventExitStatus=75",
@@ -220,12 +233,13 @@ def _web(inst: Install, config: Config, user: list[str]) -> dict[str, list[str]]
 
     listen = parse(config.get_str("web_listen"))
     if listen.path is not None:
-        where = [f"ListenStream={listen.path}", "SocketMode=0600"]
+        where = [f"ListenStream={syntax.path(listen.path, 'web_listen')}", "SocketMode=0600"]
         if inst.run_as and inst.scope == "system":
-            where.append(f"SocketUser={inst.run_as}")
+            where.append(f"SocketUser={syntax.user(inst.run_as)}")
     else:
         host = f"[{listen.host}]" if listen.host and ":" in listen.host else listen.host
-        where = [f"ListenStream={host}:{listen.port}", "FreeBind=yes"]
+        address = syntax.text(f"{host}:{listen.port}", "web_listen")
+        where = [f"ListenStream={address}", "FreeBind=yes"]
     target = "sockets.target"
     return {
         WEB_SOCKET: [
@@ -252,7 +266,7 @@ def _web(inst: Install, config: Config, user: list[str]) -> dict[str, list[str]]
             "NotifyAccess=main",
             _environment(inst),
             *user,
-            f"ExecStart={inst.bindir}/fleet web",
+            f"ExecStart={_program(inst, 'fleet')} web",
             "Restart=on-failure",
             "RestartSec=2s",
             "TimeoutStopSec=15",

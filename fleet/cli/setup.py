@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from fleet.cli.app import App, cli, pass_app
-from fleet.errors import FleetError
+from fleet.errors import FleetError, InputError
 from fleet.output import emit_objects, emit_table, fmt_of, output_options
 from fleet.paths import Scope
 
@@ -46,7 +46,9 @@ def _bindir() -> Path:
 @cli.command()
 @scope_options[0]
 @scope_options[1]
-@click.option("--run-as", metavar="USER", help="With --system: run agents as this user.")
+@click.option(
+    "--run-as", metavar="USER", help="With --system: run agents as this user (an existing account)."
+)
 @click.option(
     "--telegram",
     is_flag=True,
@@ -78,10 +80,23 @@ def setup(
     FLEET_HOME in use, reloads systemd, and enables the path and timer units (with --web
     also fleet-web.socket and fleet-web.service). Running it again updates them; it is always
     safe.
+
+    Every value that goes into a unit is checked and escaped as systemd.syntax(7) says, so a
+    FLEET_HOME with spaces, quotes, `%` or `$` works; one that a unit file cannot hold (a
+    newline or another control character) is refused, and so are a memory limit systemd would
+    read differently and a --run-as that names no account here.
     """
+    from fleet import unitsyntax
     from fleet.units import TELEGRAM, WEB_SOCKET, Install, render, unit_dir
 
     chosen = _scope(app, scope)
+    if run_as is not None:
+        unitsyntax.user(run_as)  # before it goes into a hint
+        if chosen != "system":
+            raise InputError(
+                "--run-as needs --system: user units run as their user",
+                hint=f"fleet setup --system --run-as {run_as}",
+            )
     target = unit_dir(chosen)
     if telegram and not uninstall:
         _check_telegram(app.config)
