@@ -102,7 +102,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "Type=oneshot",
             _environment(inst),
             *user,
-            f"ExecStart={bindir}/fleet schedule fire %i",
+            f"ExecStart={_program(inst, 'fleet')} schedule fire %i",
         ],
         "fleet.slice": [
             "[Unit]",
@@ -169,15 +169,15 @@ SCHEDULE_SERVICE = "fleet-schedule@.service"
 def schedule_timer(name: str, on_calendar: str, persistent: bool) -> str:
     """fleet-schedule@NAME.timer, which `fleet schedule add` installs beside the units of
     `fleet setup`: `name` is checked by fleet.schedules.check_name and `on_calendar` is
-    systemd's normalized form of the spec (one line, and no `%`, which systemd would read as
-    a specifier: fleet.calendar refuses both)."""
+    systemd's normalized form of the spec (fleet.calendar refuses a `%` or a line break; the
+    escaping is fleet.unitsyntax's all the same)."""
     lines = [
         "[Unit]",
-        f"Description=fleet schedule {name}",
+        f"Description=fleet schedule {syntax.text(name, 'the schedule name')}",
         "Documentation=man:fleet-schedule(1)",
         "",
         "[Timer]",
-        f"OnCalendar={on_calendar}",
+        f"OnCalendar={syntax.text(on_calendar, 'the calendar spec')}",
         f"Persistent={'true' if persistent else 'false'}",
         # systemd's default (a minute) would fire a per-second spec up to a minute late.
         "AccuracySec=1s",

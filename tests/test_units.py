@@ -78,7 +78,8 @@ def test_run_as_refuses_a_user_that_does_not_exist() -> None:
 def test_run_as_an_existing_user_is_written() -> None:
     result = run_fleet("setup", "--system", "--run-as", "nobody", "--dry-run")
     assert result.code == 0, result.err
-    assert result.out.count("\nUser=nobody\n") == 2  # fleet-task@.service, fleet-claim.service
+    # fleet-task@.service, fleet-claim.service, fleet-schedule@.service
+    assert result.out.count("\nUser=nobody\n") == 3
 
 
 @pytest.mark.parametrize(
