@@ -11,7 +11,7 @@ import re
 from typing import Any, Literal, NamedTuple
 
 from fleet.errors import ConfigError
-from fleet.model import ISOLATIONS, MERGE_STRATEGIES
+from fleet.model import ISOLATIONS, MERGE_STRATEGIES, SANDBOXES
 from fleet.unitsyntax import SIZE, SIZE_EXAMPLE
 
 Kind = Literal["int", "str", "bool", "list", "ids", "table", "sizes", "number", "prices"]
@@ -337,6 +337,94 @@ SETTINGS: tuple[Setting, ...] = (
         example=SIZE_EXAMPLE,
     ),
     Setting(
+        "task_memory_high",
+        "str",
+        "",
+        "Memory of one attempt above which the kernel throttles and reclaims it (MemoryHigh=,"
+        " e.g. 3G); empty for none. Applied to each attempt as it starts.",
+        pattern=SIZE,
+        example=SIZE_EXAMPLE,
+    ),
+    Setting(
+        "task_cpu_weight",
+        "int",
+        0,
+        "CPU weight of one attempt against the others (CPUWeight=, 1 to 10000, 100 is"
+        " systemd's default); 0 leaves it unset. Applied to each attempt as it starts.",
+        0,
+        10_000,
+    ),
+    Setting(
+        "task_cpu_quota_pct",
+        "int",
+        0,
+        "CPU limit of one attempt, in percent of one core (CPUQuota=); 0 for none. Applied to"
+        " each attempt as it starts.",
+        0,
+        100_000,
+    ),
+    Setting(
+        "task_tasks_max",
+        "int",
+        2048,
+        "Process and thread limit of one attempt (TasksMax=); node, cargo and playwright start"
+        " many; 0 for none. Applied to each attempt as it starts.",
+        0,
+        10_000_000,
+    ),
+    Setting(
+        "task_io_weight",
+        "int",
+        0,
+        "IO weight of one attempt (IOWeight=, 1 to 10000); 0 leaves it unset. Applied to each"
+        " attempt as it starts.",
+        0,
+        10_000,
+    ),
+    Setting(
+        "sandbox",
+        "str",
+        "none",
+        "The walls around each agent (a coder's own sandbox setting, or the task's, wins):"
+        " none; standard (the system read-only but for the task's directory or worktree, its"
+        " task directory, FLEET_HOME, the coders' state and package caches; other tasks'"
+        " directories and sandbox_hidden out of sight; no privileges, devices or kernel"
+        " knobs); strict (standard, the rest of $HOME hidden, the working directory read-only"
+        " outside its .git, link-local addresses denied; needs worktree isolation).",
+        choices=SANDBOXES,
+    ),
+    Setting(
+        "sandbox_paths",
+        "list",
+        [],
+        "More paths an agent may write under the standard and strict sandboxes (absolute, or"
+        " ~/ for the agent user's home).",
+    ),
+    Setting(
+        "sandbox_hidden",
+        "list",
+        [
+            ".ssh",
+            ".gnupg",
+            ".aws",
+            ".azure",
+            ".kube",
+            ".docker",
+            ".netrc",
+            ".password-store",
+            ".config/gcloud",
+        ],
+        "Paths an agent cannot see under the standard and strict sandboxes (relative to the"
+        " agent user's home, or absolute).",
+    ),
+    Setting(
+        "sandbox_deny_private",
+        "bool",
+        False,
+        "Under the strict sandbox, also deny private addresses (10/8, 172.16/12, 192.168/16,"
+        " 100.64/10, fc00::/7), where the kernel can filter them (cgroup v2).",
+    ),
+    Setting(
         "slice_memory_max",
         "str",
         "",
@@ -535,6 +623,14 @@ CODER_SETTINGS: tuple[Setting, ...] = (
         " much, no new task of it starts until the day starts anew (daily_budget_resets_at).",
         0,
         10**9,
+    ),
+    Setting(
+        "sandbox",
+        "str",
+        "",
+        "The sandbox of this coder's tasks (none, standard, strict) instead of `sandbox`;"
+        " empty for that.",
+        choices=("", *SANDBOXES),
     ),
     Setting(
         "format",

@@ -81,6 +81,10 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             # fleet-reap only when fleet-run did not settle the attempt itself ($$: for sh).
             'ExecStopPost=/bin/sh -c \'test -e "$$0/.settled-$$INVOCATION_ID" || exec "$$@"\''
             f" {tasks} {_program(inst, 'fleet-reap')} %i",
+            # The attempt's drop-in (fleet.containment) goes as it ends, with full privileges
+            # (+): the sandbox it describes keeps the runtime directory read-only. (Should
+            # fleet-reap fail first, the next start writes the drop-in anew.)
+            f"ExecStopPost=+/bin/rm -rf %t/systemd/{inst.scope}/fleet-task@%i.service.d",
             "Slice=fleet.slice",
             "KillMode=control-group",
             "TimeoutStartSec=60",

@@ -17,6 +17,7 @@ from fleet.model import (
     MAX_PRIORITY,
     MERGE_STRATEGIES,
     MIN_PRIORITY,
+    SANDBOXES,
     Task,
     TaskSpec,
 )
@@ -36,6 +37,7 @@ class Defaults(NamedTuple):
     priority: int = DEFAULT_PRIORITY
     labels: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
+    sandbox: str | None = None
 
 
 BATCH_KEYS = (
@@ -55,6 +57,7 @@ BATCH_KEYS = (
     "parent_waits",
     "max_cost_usd",
     "max_tokens",
+    "sandbox",
 )
 MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is a mistake
 
@@ -124,6 +127,12 @@ MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is
     " the max_tokens setting].",
 )
 @click.option(
+    "--sandbox",
+    type=click.Choice(SANDBOXES),
+    help="The walls around the agent (see fleet.toml(5), sandbox) [default: its coder's"
+    " sandbox, else the sandbox setting]; with --batch, for the lines that give none.",
+)
+@click.option(
     "--batch",
     metavar="FILE|-",
     help="Add many tasks from a file of JSON lines (keys as the options, parent_waits for"
@@ -150,6 +159,7 @@ def add(
     merge: str | None,
     max_cost: float | None,
     max_tokens: int | None,
+    sandbox: str | None,
     batch: str | None,
     fmt: str | None,
 ) -> None:
@@ -160,7 +170,7 @@ def add(
     """
     specs, lines, source = build(
         app, title, description, cwd, coder, model, priority, after, labels, parent,
-        parent_waits, isolation, base, merge, max_cost, max_tokens, batch,
+        parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox, batch,
     )  # fmt: skip
     tasks = add_tasks(app, specs, lines, source)
     out = fmt_of(fmt)
@@ -198,6 +208,7 @@ def build(
     merge: str | None,
     max_cost: float | None,
     max_tokens: int | None,
+    sandbox: str | None,
     batch: str | None,
 ) -> tuple[list[TaskSpec], list[int], str]:
     """The specs `fleet add`'s arguments ask for, the batch's line numbers and its source."""
@@ -234,6 +245,7 @@ def build(
             priority=priority if given != click.core.ParameterSource.DEFAULT else DEFAULT_PRIORITY,
             labels=tuple(dict.fromkeys(inputs.label(x) for x in labels)),
             after=tuple(dict.fromkeys(after)),
+            sandbox=sandbox,
         )
         specs, lines = read_batch(app, batch, defaults)
     else:
@@ -241,7 +253,7 @@ def build(
             raise InputError("missing TITLE", hint='fleet add "what to do" --cwd DIR')
         one = One(
             title, inputs.description(description), cwd, coder, model, priority, after, labels,
-            parent, parent_waits, isolation, base, merge, max_cost, max_tokens,
+            parent, parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox,
         )  # fmt: skip
         specs = [spec_of(app, one)]
     return specs, lines, source
@@ -265,6 +277,7 @@ class One(NamedTuple):
     merge: str | None = None
     max_cost: float | None = None
     max_tokens: int | None = None
+    sandbox: str | None = None
 
 
 def spec_of(app: App, one: One) -> TaskSpec:
@@ -295,6 +308,7 @@ def spec_of(app: App, one: One) -> TaskSpec:
         parent_waits=one.parent_waits,
         max_cost_usd=one.max_cost,
         max_tokens=one.max_tokens,
+        sandbox=one.sandbox,
     )
 
 
@@ -468,6 +482,9 @@ def _spec(
     if waits and not parent:
         raise InputError("parent_waits needs parent", hint='add "parent": "ID" to the line')
     base = text("base")
+    sandbox = text("sandbox") or defaults.sandbox
+    if sandbox is not None and sandbox not in SANDBOXES:
+        raise InputError(f"sandbox must be one of {', '.join(SANDBOXES)}, not {sandbox!r}")
     max_cost = obj.get("max_cost_usd")
     if max_cost is not None and (
         isinstance(max_cost, bool)
@@ -513,4 +530,5 @@ def _spec(
         parent_waits=waits,
         max_cost_usd=None if max_cost is None else float(max_cost),
         max_tokens=max_tokens,
+        sandbox=sandbox,
     )

@@ -347,6 +347,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID""",
         "CREATE INDEX schedule_runs_fired ON schedule_runs (schedule, fired_at)",
     ),
+    # The task's sandbox profile (fleet.containment); null: its coder's, else the setting.
+    ("ALTER TABLE tasks ADD COLUMN sandbox TEXT",),
 )
 
 VERSION = len(MIGRATIONS)

@@ -687,7 +687,7 @@ class SQLiteStore:
                 db.execute(
                     "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
                     " labels, created_at, updated_at, isolation, base, merge, max_cost_usd,"
-                    " max_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " max_tokens, sandbox) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         task_id,
                         spec.title,
@@ -704,6 +704,7 @@ class SQLiteStore:
                         spec.merge,
                         spec.max_cost_usd,
                         spec.max_tokens,
+                        spec.sandbox,
                     ),
                 )
             except sqlite3.IntegrityError as e:

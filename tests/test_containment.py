@@ -1,0 +1,217 @@
+"""Sandbox profiles and resource limits: the drop-in of each attempt, checked by what systemd
+and the kernel make of it (a real systemd 252 in the sandbox), and by an agent that tries to
+get out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.config import load
+from fleet.containment import render
+from fleet.errors import ConfigError, InputError
+from fleet.paths import resolve
+from fleet.store import open_store
+from tests.conftest import Fleet as InProcess
+from tests.conftest import fleet_exe
+from tests.sandbox import Sandbox, cgroup_hierarchies
+
+BIN = os.path.dirname(fleet_exe())
+
+
+# ---------------------------------------------------------------- the drop-in as text
+
+
+def dropin_of(fleet: InProcess, *add: str, settings: tuple[str, ...] = ()) -> str:
+    if settings:
+        fleet.ok("config", "set", *settings)
+    task_id = fleet.add(*add)
+    paths = resolve()
+    store = open_store(paths)
+    try:
+        return render(paths, load(paths), store.get(task_id), "system")
+    finally:
+        store.close()
+
+
+def test_none_writes_only_the_limits(fleet: InProcess) -> None:
+    text = dropin_of(fleet, "t", settings=("task_memory_high=1G", "task_cpu_weight=50"))
+    assert text.splitlines() == [
+        "[Service]",
+        "MemoryMax=infinity",
+        "MemoryHigh=1G",
+        "CPUWeight=50",
+        "TasksMax=2048",
+    ]
+
+
+def test_standard_binds_what_the_task_needs(fleet: InProcess, tmp_path: Path) -> None:
+    odd = tmp_path / "my project"
+    odd.mkdir()
+    text = dropin_of(fleet, "t", "--cwd", str(odd), "--coder", "claude", "--sandbox", "standard")
+    lines = text.splitlines()
+    assert "ProtectSystem=strict" in lines and "ProtectHome=read-only" in lines
+    assert "CapabilityBoundingSet=" in lines and "NoNewPrivileges=yes" in lines
+    (binds,) = [x for x in lines if x.startswith("BindPaths=") and "-%h/.claude" in x]
+    assert f'"{odd}"' in binds and "-%h/.claude.json" in binds and "-%h/.npm" in binds
+    assert f"TemporaryFileSystem={resolve().tasks}:ro" in lines
+    assert any(x.startswith("InaccessiblePaths=") and "-%h/.ssh" in x for x in lines)
+    assert "MemoryDenyWriteExecute" not in text  # Node's JIT dies of it
+
+
+def test_strict_needs_a_worktree_and_odd_paths_are_refused(
+    fleet: InProcess, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match="strict sandbox needs worktree isolation"):
+        dropin_of(fleet, "t", "--sandbox", "strict")
+    colon = tmp_path / "a:b"
+    colon.mkdir()
+    with pytest.raises(InputError, match="cannot hold"):
+        dropin_of(fleet, "t", "--cwd", str(colon), "--sandbox", "standard")
+    bad = fleet("add", "t", "--sandbox", "walls")
+    assert bad.code == 2 and "walls" in bad.err
+
+
+# ---------------------------------------------------------------- in a real systemd
+
+
+# Inside the sandbox only (its mounts are private): /root becomes a tmpfs with everything of
+# the host's /root bound back but .ssh, which is the sandbox's own, with a key to steal.
+PRIVATE_SSH = """
+set -eu
+mkdir -p /run/host-root
+mount --bind /root /run/host-root
+mount -t tmpfs -o mode=0700 sandbox-root /root
+for entry in /run/host-root/* /run/host-root/.[!.]*; do
+    [ -e "$entry" ] || continue
+    name=${entry##*/}
+    [ "$name" = .ssh ] && continue
+    if [ -d "$entry" ]; then mkdir "/root/$name"; else touch "/root/$name"; fi
+    mount --bind "$entry" "/root/$name"
+done
+mkdir -m 0700 /root/.ssh
+echo KEY > /root/.ssh/id_ed25519
+"""
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    with Sandbox.boot(tmp_path_factory.mktemp("containment")) as sandbox:
+        # In PID 1's mount namespace, which every unit's namespace starts from.
+        sandbox.run("nsenter", "-t", "1", "-m", "sh", "-c", PRIVATE_SSH)
+        yield sandbox
+
+
+@dataclass
+class Units:
+    box: Sandbox
+    home: Path
+    project: Path
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.box.run(f"{BIN}/fleet", *args, env={"FLEET_HOME": str(self.home)}, check=check)
+
+    def add(self, script: str, *args: str) -> str:
+        out = self("add", script[:30], "--cwd", str(self.project), "-d", script, *args).stdout
+        return out.strip()
+
+    def show(self, task_id: str) -> dict[str, Any]:
+        obj: dict[str, Any] = json.loads(self("show", task_id, "--json").stdout)
+        return obj
+
+    def wait(self, task_id: str) -> int:
+        return self("wait", task_id, "--timeout", "90", check=False).returncode
+
+    def prop(self, task_id: str, name: str) -> str:
+        return self.box.systemctl(
+            "show", "-p", name, "--value", f"fleet-task@{task_id}.service"
+        ).stdout.strip()
+
+
+@pytest.fixture
+def units(box: Sandbox, tmp_path: Path) -> Iterator[Units]:
+    project = tmp_path / "project"
+    project.mkdir()
+    u = Units(box, tmp_path / "home", project)
+    u("config", "set", "default_coder=command", "lease_seconds=10", "stop_grace_seconds=2")
+    u("setup", "--system")
+    yield u
+    box.systemctl("stop", "fleet-claim.path", "fleet-claim.timer", "fleet-task@*", check=False)
+    box.systemctl("reset-failed", check=False)
+
+
+def dropin_path(box: Sandbox, task_id: str) -> Path:
+    return Path(f"/proc/{box.pid}/root/run/systemd/system/fleet-task@{task_id}.service.d")
+
+
+def cgroup_file(box: Sandbox, task_id: str, controller: str, name: str) -> str:
+    group = box.systemctl(
+        "show", "-p", "ControlGroup", "--value", f"fleet-task@{task_id}.service"
+    ).stdout.strip()
+    for hierarchy in cgroup_hierarchies():
+        candidate = hierarchy / group.lstrip("/") / name
+        if (hierarchy.name == controller or "unified" in hierarchy.name) and candidate.exists():
+            return candidate.read_text().strip()
+    raise AssertionError(f"no {name} for {group}")
+
+
+def test_limits_reach_the_cgroup_and_the_dropin_goes_with_the_attempt(units: Units) -> None:
+    units("config", "set", "task_memory_max=400M", "task_tasks_max=300", "task_cpu_weight=50")
+    release = units.project / "release"
+    task_id = units.add(f"while [ ! -e {release} ]; do sleep 0.1; done")
+    units.box.wait_for(
+        lambda: units.prop(task_id, "ActiveState") == "active", 60, "the attempt to run"
+    )
+    text = (dropin_path(units.box, task_id) / "50-fleet.conf").read_text()
+    assert "MemoryMax=400M" in text and "TasksMax=300" in text
+    assert units.prop(task_id, "MemoryMax") == str(400 << 20)
+    assert units.prop(task_id, "TasksMax") == "300"
+    assert cgroup_file(units.box, task_id, "memory", "memory.limit_in_bytes") == str(400 << 20)
+    assert cgroup_file(units.box, task_id, "pids", "pids.max") == "300"
+    # cgroup v1 has no weight: systemd maps CPUWeight=50 to cpu.shares 512 (1024 * 50 / 100).
+    assert cgroup_file(units.box, task_id, "cpu", "cpu.shares") == "512"
+    release.touch()
+    assert units.wait(task_id) == 0
+    units.box.wait_for(
+        lambda: not dropin_path(units.box, task_id).exists(), 30, "the drop-in to go"
+    )
+
+
+def test_an_agent_under_standard_cannot_get_out(units: Units, tmp_path: Path) -> None:
+    units("config", "set", "sandbox=standard")
+    assert units.box.run("cat", "/root/.ssh/id_ed25519").stdout == "KEY\n"  # there to read
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    release = units.project / "release"
+    other = units.add(
+        f"echo SECRET > $FLEET_TASK_DIR/note; while [ ! -e {release} ]; do sleep 0.1; done"
+    )
+    units.box.wait_for(lambda: (units.home / "tasks" / other / "note").exists(), 60, "note")
+    probe = (
+        "set -u; echo in > inside.txt && echo WROTE-CWD; "
+        f"cat {units.home}/tasks/{other}/note && echo READ-OTHER; "
+        f"ls {units.home}/tasks; "
+        "cat ~/.ssh/id_ed25519 && echo READ-SSH; "
+        f"echo x > {outside}/escape && echo WROTE-OUTSIDE; "
+        "echo x > /etc/fleet-escape && echo WROTE-ETC; "
+        "echo x > $FLEET_TASK_DIR/artifacts/mine && echo WROTE-OWN; true"
+    )
+    agent = units.add(probe)
+    assert units.wait(agent) == 0
+    said = units.box.run("journalctl", "-u", f"fleet-task@{agent}", "-o", "cat").stdout
+    assert "WROTE-CWD" in said and "WROTE-OWN" in said
+    for escaped in ("READ-OTHER", "READ-SSH", "SECRET", "KEY", "WROTE-OUTSIDE", "WROTE-ETC"):
+        assert escaped not in said, said
+    assert not (outside / "escape").exists() and not Path("/etc/fleet-escape").exists()
+    assert (units.project / "inside.txt").read_text() == "in\n"
+    assert "Read-only file system" in said
+    release.touch()
+    assert units.wait(other) == 0
