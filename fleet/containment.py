@@ -73,6 +73,7 @@ HARDENING = (
     "LockPersonality=yes",
     "SystemCallArchitectures=native",
     "UMask=0077",
+    "KeyringMode=private",
 )
 
 
@@ -160,9 +161,8 @@ def render(paths: Paths, config: Config, task: Task, scope: Scope) -> str:
     own = _word(syntax.path(paths.tasks / task.id, "FLEET_HOME"))
     cwd = _word(syntax.path(task.cwd, "the task's directory"))
     lines += HARDENING
-    if scope == "system":
-        lines += ["CapabilityBoundingSet=", "AmbientCapabilities="]
-    else:
+    lines += ["CapabilityBoundingSet=", "AmbientCapabilities="]
+    if scope == "user":
         # A user manager sets up mount namespaces only inside a user namespace of its own.
         lines.append("PrivateUsers=yes")
     optional = [*_coder_home(task, config), *(_home(c, "a cache") for c in CACHES)]
@@ -181,9 +181,15 @@ def render(paths: Paths, config: Config, task: Task, scope: Scope) -> str:
                 hint=f"fleet edit {task.id} --isolation worktree, or use sandbox standard",
             )
         git = _word(syntax.path(Path(task.cwd) / ".git", "the task's directory"), optional=True)
-        # The home as an empty read-only tmpfs, with only what the agent needs bound back in.
+        # Homes as empty tmpfs, with only what the agent needs bound back in; and what an
+        # agent needs no syscall or namespace of (SystemCallErrorNumber=: a refused call
+        # fails with EPERM rather than killing the agent).
         lines += [
-            "TemporaryFileSystem=%h:ro",
+            "ProtectHome=tmpfs",
+            "PrivateMounts=yes",
+            "RestrictNamespaces=yes",
+            "SystemCallFilter=@system-service",
+            "SystemCallErrorNumber=EPERM",
             f"BindPaths={home} {writable}",
             f"BindReadOnlyPaths={cwd}",
             f"BindPaths={git}",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import pytest
 from fleet.config import load
 from fleet.containment import render
 from fleet.errors import ConfigError, InputError
-from fleet.paths import resolve
+from fleet.paths import Scope, resolve
 from fleet.store import open_store
 from tests.conftest import Fleet as InProcess
 from tests.conftest import fleet_exe
@@ -215,3 +216,69 @@ def test_an_agent_under_standard_cannot_get_out(units: Units, tmp_path: Path) ->
     assert "Read-only file system" in said
     release.touch()
     assert units.wait(other) == 0
+
+
+# ---------------------------------------------------------------- exposure
+
+
+def exposure(tmp_path: Path, scope: Scope, dropin: str) -> float:
+    """`systemd-analyze security --offline` of fleet-task@t1.service as fleet setup renders
+    it, with the drop-in: systemd's own score, 0 (walled in) to 10 (exposed)."""
+    from fleet.config import defaults
+    from fleet.paths import Paths
+    from fleet.units import Install
+    from fleet.units import render as render_units
+
+    root = tmp_path / f"{scope}-root"
+    paths = Paths(scope, Path("/var/lib/fleet"), Path("/etc/fleet/config.toml"))
+    install = Install(paths.scope, paths, Path("/usr/bin"))
+    template = render_units(install, defaults(paths.config_file))
+    units = root / ("etc/systemd/system" if scope == "system" else "config/systemd/user")
+    (units / "fleet-task@t1.service.d").mkdir(parents=True)
+    (units / "fleet-task@.service").write_text(template["fleet-task@.service"])
+    (units / "fleet-task@t1.service.d" / "50-fleet.conf").write_text(dropin)
+    if scope == "system":
+        argv = ["systemd-analyze", "security", "--offline=true", f"--root={root}"]
+        env = {"PATH": os.environ["PATH"], "SYSTEMD_COLORS": "0"}
+    else:
+        (root / "runtime").mkdir(mode=0o700)
+        argv = ["systemd-analyze", "--user", "security", "--offline=true"]
+        env = {
+            "PATH": os.environ["PATH"],
+            "SYSTEMD_COLORS": "0",
+            "XDG_CONFIG_HOME": str(root / "config"),
+            "XDG_RUNTIME_DIR": str(root / "runtime"),
+        }
+    out = subprocess.run(
+        [*argv, "--no-pager", "fleet-task@t1.service"],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    found = [line for line in out.stdout.splitlines() if "Overall exposure level" in line]
+    assert found, out.stdout + out.stderr
+    figure = re.search(r"service: (\d+\.\d+) ", found[0])
+    assert figure, found[0]
+    return float(figure.group(1))
+
+
+def test_exposure_of_standard_and_strict_in_both_scopes(
+    fleet: InProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = resolve()
+    task_id = fleet.add("t", "--coder", "claude")
+    store = open_store(paths)
+    try:
+        task = store.get(task_id)._replace(id="t1", isolation="worktree")
+    finally:
+        store.close()
+    figures = {}
+    for profile, ceiling in (("none", 10.0), ("standard", 4.5), ("strict", 3.0)):
+        scopes: tuple[Scope, ...] = ("system", "user")
+        for scope in scopes:
+            config = load(paths)
+            config = config._replace(values={**config.values, "sandbox": profile})
+            text = render(paths, config, task, scope)
+            figures[profile, scope] = exposure(tmp_path / profile, scope, text)
+            assert figures[profile, scope] <= ceiling, (profile, scope, figures)
+    with capsys.disabled():
+        for (profile, scope), value in figures.items():
+            print(f"systemd-analyze security, fleet-task@ under {profile} ({scope}): {value}")
