@@ -51,6 +51,18 @@ CODER_STATE: dict[str, tuple[str, ...]] = {
 }
 # The package caches agents fill as they build and test.
 CACHES = (".npm", ".cache/pip", ".cache/uv", ".cargo", "go", ".cache/node-gyp", ".bun")
+# Directories a coder's environment may point at, which it then writes.
+ENV_DIRS = (
+    "CODEX_HOME",
+    "CLAUDE_CONFIG_DIR",
+    "GEMINI_CLI_HOME",
+    "XDG_DATA_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_STATE_HOME",
+    "XDG_RUNTIME_DIR",
+    "TMPDIR",
+)
 # Link-local: the cloud metadata endpoints (169.254.169.254, fd00:ec2::254 aside).
 LINK_LOCAL = ("169.254.0.0/16", "fe80::/10")
 PRIVATE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
@@ -138,13 +150,19 @@ def limits(config: Config) -> list[str]:
 
 
 def _coder_home(task: Task, config: Config) -> list[str]:
-    """The coder's state paths, as unit paths (`%h/...` or absolute)."""
+    """What the coder and the tools it runs write, as unit paths: its state and the package
+    caches, below the HOME its environment names (coders.NAME.env) or else the unit user's
+    (`%h`), and the directories its environment points at."""
     coder = task.coder or config.get_str("default_coder")
-    found = [_home(p, "a coder's state") for p in CODER_STATE.get(coder, ())]
-    env = config.values.get(f"coders.{coder}.env") or {}
-    for var in ("CODEX_HOME", "CLAUDE_CONFIG_DIR", "GEMINI_CLI_HOME", "XDG_DATA_HOME"):
-        if isinstance(env, dict) and isinstance(env.get(var), str) and env[var]:
-            found.append(_path(os.path.expanduser(env[var]), var))
+    table = config.values.get(f"coders.{coder}.env") or {}
+    env = {k: v for k, v in dict(table).items() if isinstance(v, str) and v}
+    home = os.path.expanduser(env["HOME"]) if os.path.isabs(env.get("HOME", "")) else None
+    found = []
+    for rel in (*CODER_STATE.get(coder, ()), *CACHES):
+        found.append(syntax.path(Path(home) / rel, "HOME") if home else _home(rel, "a path"))
+    for var in ENV_DIRS:
+        if var in env and os.path.isabs(os.path.expanduser(env[var])):
+            found.append(syntax.path(os.path.expanduser(env[var]), var))
     return found
 
 
@@ -165,7 +183,7 @@ def render(paths: Paths, config: Config, task: Task, scope: Scope) -> str:
     if scope == "user":
         # A user manager sets up mount namespaces only inside a user namespace of its own.
         lines.append("PrivateUsers=yes")
-    optional = [*_coder_home(task, config), *(_home(c, "a cache") for c in CACHES)]
+    optional = _coder_home(task, config)
     optional += [_path(p, "sandbox_paths") for p in _list(config, "sandbox_paths")]
     writable = " ".join(_word(w, optional=True) for w in optional)
     hidden = [_path(p if p.startswith(("/", "~/")) else "~/" + p, "sandbox_hidden")

@@ -710,10 +710,13 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         )
         how = f", resuming session {spec.resume}" if spec.resume else ""
         store.note(task.id, "started", attempt=task.attempts, coder=coder_name, pid=proc.pid)
+        from fleet.containment import profile_of
+
         sink.lifecycle(
             MSG_STARTED,
             f"attempt {task.attempts} started: {coder_name} in {workdir} (pid {proc.pid}){how}",
-            {"FLEET_PID": proc.pid},
+            # The walls the dispatch pass wrote for this attempt (fleet.containment).
+            {"FLEET_PID": proc.pid, "FLEET_SANDBOX": profile_of(task, config)},
         )
         notifier.ready(run.status_line())
         return run, loop(run, proc, directory)
