@@ -253,3 +253,42 @@ def install(paths: Paths, config: Config, tasks: list[Task], scope: Scope) -> No
     stale = systemd.systemctl(scope, "show", "-p", "NeedDaemonReload", *units, check=False)
     if "NeedDaemonReload=yes" in stale:
         systemd.systemctl(scope, "daemon-reload")
+
+
+def in_use(config: Config) -> set[str]:
+    """The profiles the configuration gives tasks (a task's own --sandbox aside)."""
+    found = {config.get_str("sandbox")}
+    found |= {str(v) for k, v in config.values.items() if k.endswith(".sandbox") and v}
+    return found
+
+
+def checks(config: Config, scope: Scope) -> list[tuple[bool, str, str, str]]:
+    """`fleet doctor`'s rows on the walls it can build here: said plainly where this host
+    cannot enforce what strict asks (IP filtering needs cgroup v2's BPF)."""
+    profiles = in_use(config) - {"none"}
+    if not profiles:
+        return []
+    rows = [(True, "sandbox", f"profiles in use: {', '.join(sorted(profiles))}", "")]
+    if "strict" in profiles:
+        unified = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+        if scope == "user":
+            rows.append(
+                (
+                    False,
+                    "sandbox",
+                    "strict in user scope: a user manager cannot filter IP traffic, so"
+                    " IPAddressDeny= (link-local, private ranges) is not enforced",
+                    "fleet setup --system, for agents that must not reach those addresses",
+                )
+            )
+        elif not unified:
+            rows.append(
+                (
+                    False,
+                    "sandbox",
+                    "strict: this host mounts cgroup v1, where systemd cannot filter IP"
+                    " traffic; IPAddressDeny= (link-local, private ranges) is not enforced",
+                    "boot with systemd.unified_cgroup_hierarchy=1 (cgroup v2)",
+                )
+            )
+    return rows

@@ -282,3 +282,28 @@ def test_exposure_of_standard_and_strict_in_both_scopes(
     with capsys.disabled():
         for (profile, scope), value in figures.items():
             print(f"systemd-analyze security, fleet-task@ under {profile} ({scope}): {value}")
+
+
+def test_an_agent_over_its_memory_max_under_standard_ends_as_oom(units: Units) -> None:
+    # Set after `fleet setup`: the drop-in, not the unit file, carries the limit.
+    units("config", "set", "sandbox=standard", "task_memory_max=64M", "retry_limit=1")
+    task_id = units.add("python3 -c 'b = bytearray(400 << 20)'")
+    assert units.wait(task_id) == 1
+    task = units.show(task_id)
+    assert [a["outcome"] for a in task["attempt_log"]] == ["oom"], task
+    assert "out of memory" in task["reason"]
+
+
+def test_doctor_says_where_strict_cannot_filter_ip_traffic(fleet: InProcess) -> None:
+    fleet.ok("config", "set", "coders.codex.sandbox=strict")
+    rows = json.loads(fleet("doctor", "--system", "--json").out)
+    sandbox = [r for r in rows if r["check"] == "sandbox"]
+    assert sandbox[0]["ok"] and "strict" in sandbox[0]["detail"]
+    unified = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    # This machine mounts cgroup v1 (tests/sandbox.py): the statement must be there.
+    assert unified or any(
+        not r["ok"] and "IPAddressDeny= (link-local, private ranges) is not enforced" in r["detail"]
+        for r in sandbox
+    )
+    user = json.loads(fleet("doctor", "--user", "--json").out)
+    assert any(not r["ok"] and "user scope" in r["detail"] for r in user if r["check"] == "sandbox")

@@ -267,6 +267,9 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     names |= {k.split(".")[1] for k in config.values if k.startswith("coders.")}
     for name in sorted(names):
         results.append(coder_check(config, name))
+    from fleet import containment
+
+    results.extend(containment.checks(config, scope))
     results.extend(worktree_checks(app, config, repair))
     results.extend(notify_checks(app, config, scope))
     return results
