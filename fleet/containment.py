@@ -199,6 +199,8 @@ def render(paths: Paths, config: Config, task: Task, scope: Scope) -> str:
                 hint=f"fleet edit {task.id} --isolation worktree, or use sandbox standard",
             )
         git = _word(syntax.path(Path(task.cwd) / ".git", "the task's directory"), optional=True)
+        programs = " ".join(_word(syntax.path(p, "a program's directory"), optional=True)
+                            for p in _programs(task, config))  # fmt: skip
         # Homes as empty tmpfs, with only what the agent needs bound back in; and what an
         # agent needs no syscall or namespace of (SystemCallErrorNumber=: a refused call
         # fails with EPERM rather than killing the agent).
@@ -209,7 +211,7 @@ def render(paths: Paths, config: Config, task: Task, scope: Scope) -> str:
             "SystemCallFilter=@system-service",
             "SystemCallErrorNumber=EPERM",
             f"BindPaths={home} {writable}",
-            f"BindReadOnlyPaths={cwd}",
+            f"BindReadOnlyPaths={cwd} {programs}",
             f"BindPaths={git}",
         ]
         denied = [*LINK_LOCAL, *(PRIVATE if config.get_bool("sandbox_deny_private") else ())]
@@ -253,6 +255,35 @@ def install(paths: Paths, config: Config, tasks: list[Task], scope: Scope) -> No
     stale = systemd.systemctl(scope, "show", "-p", "NeedDaemonReload", *units, check=False)
     if "NeedDaemonReload=yes" in stale:
         systemd.systemctl(scope, "daemon-reload")
+
+
+def _programs(task: Task, config: Config) -> list[str]:
+    """What strict must show of the homes it hides so that the attempt can run at all: fleet's
+    interpreter and programs (a venv, pipx or pyenv install under ~) and the coder's program
+    with the installation it belongs to (an npm prefix, or node's own)."""
+    import shutil
+    import sys
+
+    from fleet.paths import program
+
+    found = [sys.base_prefix, sys.prefix, str(Path(program("fleet-run")).parent)]
+    coder = task.coder or config.get_str("default_coder")
+    binary = config.values.get(f"coders.{coder}.binary") or shutil.which(coder) or ""
+    for name in (str(binary), shutil.which("node") or ""):
+        if not name:
+            continue
+        real = Path(os.path.realpath(name))
+        parts = real.parts
+        # …/lib/node_modules/PKG/cli.js: the prefix holds node_modules and bin/ alike.
+        if "node_modules" in parts:
+            root = Path(*parts[: parts.index("node_modules")]).parent
+        else:
+            root = real.parent.parent
+        found += [str(root), str(Path(name).parent)]
+    # What ProtectHome=tmpfs covers.
+    homes = ("/root/", "/home/", "/run/user/")
+    resolved = {os.path.realpath(p) for p in found}
+    return sorted(p for p in resolved if p.startswith(homes))
 
 
 def in_use(config: Config) -> set[str]:

@@ -129,7 +129,14 @@ class Units:
         return obj
 
     def wait(self, task_id: str) -> int:
-        return self("wait", task_id, "--timeout", "90", check=False).returncode
+        code = self.box.run(
+            f"{BIN}/fleet", "wait", task_id, "--timeout", "90",
+            env={"FLEET_HOME": str(self.home)}, check=False, timeout=120,
+        ).returncode  # fmt: skip
+        if code == 124:
+            journal = self.box.run("journalctl", "-n", "60", "--no-pager").stdout
+            raise AssertionError(f"timed out waiting for {task_id}:\n{journal}")
+        return code
 
     def prop(self, task_id: str, name: str) -> str:
         return self.box.systemctl(
@@ -307,3 +314,30 @@ def test_doctor_says_where_strict_cannot_filter_ip_traffic(fleet: InProcess) -> 
     )
     user = json.loads(fleet("doctor", "--user", "--json").out)
     assert any(not r["ok"] and "user scope" in r["detail"] for r in user if r["check"] == "sandbox")
+
+
+def test_an_agent_under_strict_works_in_its_worktree_and_nowhere_else(units: Units) -> None:
+    repo = units.project
+    git = ("git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t")
+    units.box.run(*git[:3], "init", "-q", "-b", "main")
+    (repo / "README").write_text("base\n")
+    units.box.run(*git, "add", "README")
+    units.box.run(*git, "commit", "-q", "-m", "base")
+    units("config", "set", "sandbox=strict", "merge_strategy=branch")
+    probe = (
+        "echo work > work.txt && echo WROTE-WORKTREE; "
+        f"echo x > {repo}/escape && echo WROTE-CWD; "
+        "ls -A /root | tr '\\n' ' ' | sed 's/^/HOME-HOLDS: /'; echo; "
+        "cat /root/.ssh/id_ed25519 && echo READ-SSH; "
+        "git add work.txt && git -c user.name=a -c user.email=a@a commit -qm work && echo COMMITTED"
+    )
+    task_id = units.add(probe, "--isolation", "worktree")
+    assert units.wait(task_id) == 0, units.box.run("journalctl", "-n", "60").stdout
+    said = units.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
+    assert "WROTE-WORKTREE" in said and "COMMITTED" in said, said
+    assert "WROTE-CWD" not in said and not (repo / "escape").exists()
+    # The home is an empty tmpfs but for what runs fleet (here a pyenv interpreter under /root).
+    (holds,) = [line for line in said.splitlines() if line.startswith("HOME-HOLDS:")]
+    assert ".ssh" not in holds and "READ-SSH" not in said and "KEY" not in said, said
+    branch = units.box.run(*git, "log", "--format=%s", f"fleet/{task_id}").stdout
+    assert "work" in branch.splitlines()
