@@ -132,21 +132,25 @@ def _word(escaped: str, optional: bool = False, suffix: str = "") -> str:
     return f'"{word}"' if any(c.isspace() for c in word) else word
 
 
-def limits(config: Config) -> list[str]:
-    lines = []
-    memory = syntax.size(config.get_str("task_memory_max"), "task_memory_max")
-    lines.append(f"MemoryMax={memory}")
-    high = config.get_str("task_memory_high")
-    if high:
-        lines.append(f"MemoryHigh={syntax.size(high, 'task_memory_high')}")
-    if weight := config.get_int("task_cpu_weight"):
-        lines.append(f"CPUWeight={weight}")
-    if quota := config.get_int("task_cpu_quota_pct"):
-        lines.append(f"CPUQuota={quota}%")
-    lines.append(f"TasksMax={config.get_int('task_tasks_max') or 'infinity'}")
-    if io := config.get_int("task_io_weight"):
-        lines.append(f"IOWeight={io}")
-    return lines
+def limits(config: Config, task: Task | None = None) -> list[str]:
+    """The attempt's limits: the task_* settings, then its coder's `limits`, then those of
+    its labels in `label_limits` (a later one wins), then a runtime cap of the task_timeout."""
+    from fleet import limits as names
+
+    table = {"memory_max": syntax.size(config.get_str("task_memory_max"), "task_memory_max")}
+    if high := config.get_str("task_memory_high"):
+        table["memory_high"] = syntax.size(high, "task_memory_high")
+    for name in ("cpu_weight", "cpu_quota_pct", "io_weight"):
+        if value := config.get_int(f"task_{name}"):
+            table[name] = str(value)
+    table["tasks_max"] = str(config.get_int("task_tasks_max") or "infinity")
+    if task is not None:
+        coder = task.coder or config.get_str("default_coder")
+        table.update(config.values.get(f"coders.{coder}.limits") or {})
+        by_label = config.values.get("label_limits") or {}
+        for label in task.labels:
+            table.update(by_label.get(label) or {})
+    return names.lines(table)
 
 
 def _coder_home(task: Task, config: Config) -> list[str]:
@@ -171,7 +175,7 @@ def render(paths: Paths, config: Config, task: Task, scope: Scope) -> str:
     profile = profile_of(task, config)
     if profile not in PROFILES:
         raise ConfigError(f"sandbox must be one of {', '.join(PROFILES)}, not {profile!r}")
-    lines = ["[Service]", *limits(config)]
+    lines = ["[Service]", *limits(config, task)]
     if profile == "none":
         return "\n".join(lines) + "\n"
     home = _word(syntax.path(paths.home, "FLEET_HOME"))

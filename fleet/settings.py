@@ -14,7 +14,9 @@ from fleet.errors import ConfigError
 from fleet.model import ISOLATIONS, MERGE_STRATEGIES, SANDBOXES
 from fleet.unitsyntax import SIZE, SIZE_EXAMPLE
 
-Kind = Literal["int", "str", "bool", "list", "ids", "table", "sizes", "number", "prices"]
+Kind = Literal[
+    "int", "str", "bool", "list", "ids", "table", "sizes", "number", "prices", "limits", "limits_by"
+]
 
 # The coders fleet knows by name; more are defined by a [coders.NAME] table.
 BUILTIN_CODERS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "command", "replay")
@@ -68,6 +70,9 @@ class Setting(NamedTuple):
             and not isinstance(value, bool)
             and math.isfinite(value),
             "prices": isinstance(value, dict),
+            "limits": isinstance(value, dict),
+            "limits_by": isinstance(value, dict)
+            and all(isinstance(v, dict) for v in value.values()),
         }[self.kind]
         if not ok:
             wanted = {
@@ -80,6 +85,8 @@ class Setting(NamedTuple):
                 "sizes": "a table of positive whole numbers",
                 "number": "a number",
                 "prices": "a table of price tables",
+                "limits": "a table of limits",
+                "limits_by": "a table of limit tables",
             }[self.kind]
             raise ConfigError(f"{where}: {self.name} must be {wanted}, not {value!r}")
         if self.kind == "number":
@@ -87,6 +94,12 @@ class Setting(NamedTuple):
                 raise ConfigError(f"{where}: {self.name} must be at least {self.minimum}")
             if self.maximum is not None and value > self.maximum:
                 raise ConfigError(f"{where}: {self.name} must be at most {self.maximum}")
+        if self.kind in ("limits", "limits_by"):
+            from fleet import limits
+
+            tables = value.items() if self.kind == "limits_by" else [("", value)]
+            for label, table in tables:
+                limits.check(table, f"{where}: {self.name}" + (f".{label}" if label else ""))
         if self.kind == "prices":
             from fleet.pricing import entry
 
@@ -147,6 +160,8 @@ class Setting(NamedTuple):
             "table": '{NAME = "value"}',
             "sizes": '{"model-name" = 200000}',
             "prices": '{"my-model" = {input = 1.0, output = 4.0}}',
+            "limits": '{memory_max = "4G", tasks_max = "4096"}',
+            "limits_by": '{heavy = {memory_max = "8G"}}',
         }[self.kind]
         try:
             doc = tomllib.loads(f"v = {text}")
@@ -380,6 +395,14 @@ SETTINGS: tuple[Setting, ...] = (
         " attempt as it starts.",
         0,
         10_000,
+    ),
+    Setting(
+        "label_limits",
+        "limits_by",
+        {},
+        "Limits of the attempts of tasks with a label, over the task_* settings and a coder's"
+        ' limits: {LABEL = {memory_max = "8G", memory_high, cpu_weight, cpu_quota_pct,'
+        " tasks_max, io_weight, runtime_max}}; of several labels, the later wins.",
     ),
     Setting(
         "sandbox",
@@ -623,6 +646,13 @@ CODER_SETTINGS: tuple[Setting, ...] = (
         " much, no new task of it starts until the day starts anew (daily_budget_resets_at).",
         0,
         10**9,
+    ),
+    Setting(
+        "limits",
+        "limits",
+        {},
+        'Limits of this coder\'s attempts over the task_* settings: {memory_max = "6G",'
+        " memory_high, cpu_weight, cpu_quota_pct, tasks_max, io_weight, runtime_max}.",
     ),
     Setting(
         "sandbox",

@@ -54,6 +54,29 @@ def test_none_writes_only_the_limits(fleet: InProcess) -> None:
     ]
 
 
+def test_a_coders_and_a_labels_limits_win_over_the_settings(fleet: InProcess) -> None:
+    text = dropin_of(
+        fleet, "t", "--coder", "codex", "--label", "light", "--label", "heavy",
+        settings=(
+            "task_memory_max=2G",
+            'coders.codex.limits={memory_max = "4G", tasks_max = "4096"}',
+            'label_limits={heavy = {memory_max = "8G", runtime_max = "3600"},'
+            ' light = {memory_max = "1G", cpu_quota_pct = "50"}}',
+        ),
+    )  # fmt: skip
+    lines = text.splitlines()
+    assert "MemoryMax=8G" in lines and "TasksMax=4096" in lines  # heavy, the later label
+    assert "CPUQuota=50%" in lines and "RuntimeMaxSec=3600" in lines
+    assert "MemoryMax=2G" not in lines and "MemoryMax=4G" not in lines
+    for bad, said in (
+        ('label_limits={x = {memory_max = "lots"}}', "label_limits.x: memory_max must be"),
+        ('label_limits={x = {swap = "1G"}}', "unknown limit 'swap'"),
+        ('coders.codex.limits={cpu_weight = "0"}', "cpu_weight must be a whole number from 1"),
+    ):
+        result = fleet("config", "set", bad)
+        assert result.code == 5 and said in result.err, result.err
+
+
 def test_standard_binds_what_the_task_needs(fleet: InProcess, tmp_path: Path) -> None:
     odd = tmp_path / "my project"
     odd.mkdir()
