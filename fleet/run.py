@@ -569,7 +569,14 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     # Secrets may come from our environment or from a [coders.NAME] env table.
     coder_env = dict(config.values.get(f"coders.{coder_name}.env", {}))
     names = config.values["secret_variables"]
-    redact = Redactor(secret_values({**os.environ, **coder_env}, names))
+    # API keys from systemd credentials (fleet.credentials): secrets whatever their names.
+    from fleet.credentials import load as load_credentials
+    from fleet.systemd import current_scope
+
+    secrets = load_credentials(config.values, coder_name, current_scope())
+    redact = Redactor(
+        [*secret_values({**os.environ, **coder_env}, names), *secret_values(secrets, secrets)]
+    )
     # By hand (no journal), `fleet logs` reads the events from the task's directory instead.
     sink = Sink(ctx, redact, journal, None if journal else EventLog(directory))
     notifier = Notifier()
@@ -673,6 +680,7 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
         env = child_env(
             {
                 **coder.environ(spec),
+                **secrets,
                 "FLEET_TASK_ID": task.id,
                 "FLEET_TASK_DIR": str(directory),
                 "FLEET_ARTIFACT_DIR": str(artifacts),

@@ -648,6 +648,16 @@ CODER_SETTINGS: tuple[Setting, ...] = (
         10**9,
     ),
     Setting(
+        "credentials",
+        "table",
+        {},
+        "Secrets the coder expects in variables, each from a file: {ANTHROPIC_API_KEY ="
+        ' "/etc/fleet/anthropic.key"}. In system scope `fleet setup` loads them as systemd'
+        " credentials (LoadCredential=, LoadCredentialEncrypted= for a *.cred file of"
+        " systemd-creds); they are never written to a unit, the task's directory or the"
+        " journal (masked wherever an agent echoes them).",
+    ),
+    Setting(
         "limits",
         "limits",
         {},

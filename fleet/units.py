@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from fleet import __version__
+from fleet import __version__, credentials
 from fleet import unitsyntax as syntax
 from fleet.config import Config
 from fleet.paths import Paths, Scope
@@ -77,6 +77,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "NotifyAccess=main",
             _environment(inst),
             *user,
+            *(credentials.unit_lines(config.values) if inst.scope == "system" else []),
             f"ExecStart={_program(inst, 'fleet-run')} %i",
             # fleet-reap only when fleet-run did not settle the attempt itself ($$: for sh).
             'ExecStopPost=/bin/sh -c \'test -e "$$0/.settled-$$INVOCATION_ID" || exec "$$@"\''

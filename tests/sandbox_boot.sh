@@ -102,6 +102,12 @@ ln -s /usr/lib/systemd/system/systemd-journald.service \
 # The audit socket would feed the host's kernel audit records into every sandbox.
 ln -s /dev/null /run/systemd/system/systemd-journald-audit.socket
 
+# Shared propagation within the sandbox, as a booted host has it (systemd makes / shared,
+# except in a container): systemd mounts each unit's $CREDENTIALS_DIRECTORY from a namespace
+# of its own and relies on it propagating back. The peer groups are new, so nothing reaches
+# the host, whose mounts stay private to this namespace (unshare --propagation private).
+mount --make-rshared /
+
 cd /
 exec env -i container=fleet-sandbox TERM=dumb \
     /usr/lib/systemd/systemd --system --unit=multi-user.target </dev/null

@@ -113,6 +113,7 @@ PRIVATE_SSH = """
 set -eu
 mkdir -p /run/host-root
 mount --bind /root /run/host-root
+mount --make-private /run/host-root  # else the tmpfs below would cover it too (a peer)
 mount -t tmpfs -o mode=0700 sandbox-root /root
 for entry in /run/host-root/* /run/host-root/.[!.]*; do
     [ -e "$entry" ] || continue
