@@ -30,7 +30,7 @@ from pathlib import Path
 
 from fleet import unitsyntax as syntax
 from fleet.config import Config
-from fleet.errors import ConfigError, InputError
+from fleet.errors import ConfigError, FleetError, InputError
 from fleet.model import SANDBOXES as PROFILES
 from fleet.model import Task
 from fleet.paths import Paths, Scope
@@ -245,8 +245,16 @@ def install(paths: Paths, config: Config, tasks: list[Task], scope: Scope) -> No
     for task in tasks:
         text = render(paths, config, task, scope)
         directory = dropin_dir(scope, task.id)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_atomic(directory / DROPIN, text.encode(), mode=0o644)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            write_atomic(directory / DROPIN, text.encode(), mode=0o644)
+        except PermissionError:
+            raise FleetError(
+                f"cannot write {directory / DROPIN}: the sandbox and limits of an attempt go"
+                " into the manager's runtime unit directory",
+                hint="run the dispatcher as root in system scope (fleet-claim.service without"
+                " User=), or use user scope",
+            ) from None
         # The task directory is bound into the sandbox, so it must exist before the unit
         # starts (fleet-run would otherwise make it), owned as FLEET_HOME is.
         own = paths.tasks / task.id

@@ -365,3 +365,24 @@ def test_an_agent_under_strict_works_in_its_worktree_and_nowhere_else(units: Uni
     assert ".ssh" not in holds and "READ-SSH" not in said and "KEY" not in said, said
     branch = units.box.run(*git, "log", "--format=%s", f"fleet/{task_id}").stdout
     assert "work" in branch.splitlines()
+
+
+def test_doctor_sandbox_names_the_paths_a_coder_was_refused(
+    units: Units, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The coder's program in the project, which the probe's sandbox binds (/tmp is private).
+    prober = units.project / "prober"
+    prober.write_text(
+        '#!/bin/sh\necho x > /var/lib/fleet-probe-test\necho x > "$PWD/probe-ok"\n'
+        "echo 'prober 1.0'\n"
+    )
+    prober.chmod(0o755)
+    units("config", "set", f"coders.prober.binary={prober}", "coders.prober.format=lines")
+    monkeypatch.chdir(units.project)  # the probe works in the directory doctor runs in
+    rows = json.loads(units("doctor", "--system", "--sandbox", "--json", check=False).stdout)
+    (row,) = [r for r in rows if r["check"] == "sandbox" and "prober" in r["detail"]]
+    assert not row["ok"] and "refused /var/lib/fleet-probe-test" in row["detail"], row
+    assert "sandbox_paths='[\"/var/lib/fleet-probe-test\"]'" in row["fix"]
+    assert (units.project / "probe-ok").exists()  # its directory it could write
+    assert not Path("/var/lib/fleet-probe-test").exists()
+    assert not list((units.home / "tasks").glob("doctor-*"))  # the probe's task dir went

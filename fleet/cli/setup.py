@@ -373,9 +373,16 @@ def coder_check(config: Config, name: str) -> tuple[bool, str, str, str]:
     help="Remove the worktrees of gone, done, cancelled or handed-off tasks that hold no"
     " unmerged work.",
 )
+@click.option(
+    "--sandbox",
+    "sandbox",
+    is_flag=True,
+    help="Also run each configured coder briefly (--version) under its sandbox profile"
+    " (standard if it has none) and report what it was refused, with the sandbox_paths to add.",
+)
 @output_options
 @pass_app
-def doctor(app: App, scope: str | None, fix: bool, fmt: str | None) -> int:
+def doctor(app: App, scope: str | None, fix: bool, sandbox: bool, fmt: str | None) -> int:
     """Check that fleet can run here: systemd, units, state directory, configuration, coders,
     and worktrees left behind by finished tasks.
 
@@ -384,6 +391,13 @@ def doctor(app: App, scope: str | None, fix: bool, fmt: str | None) -> int:
     """
     chosen = _scope(app, scope)
     results = checks(app, chosen, fix)
+    if sandbox:
+        from fleet.sandboxprobe import probe
+
+        config = app.config
+        names = {config.get_str("default_coder")}
+        names |= {k.split(".")[1] for k in config.values if k.startswith("coders.")}
+        results += [probe(app.paths, config, chosen, name) for name in sorted(names)]
     out = fmt_of(fmt)
     if out == "table":
         emit_table(
