@@ -234,8 +234,8 @@ def _list(config: Config, key: str) -> list[str]:
 
 def install(paths: Paths, config: Config, tasks: list[Task], scope: Scope) -> None:
     """Write the drop-ins of the tasks about to start, and make systemd read them: a unit
-    that stayed loaded (failed) forgets its old one on reset-failed, and if systemd still
-    says NeedDaemonReload=yes, one daemon-reload does it for all."""
+    that stayed loaded with an older one (NeedDaemonReload=yes) forgets it on reset-failed if
+    it failed, else through one daemon-reload for all."""
     from fleet import systemd
     from fleet.fsutil import write_atomic
 
@@ -263,9 +263,20 @@ def install(paths: Paths, config: Config, tasks: list[Task], scope: Scope) -> No
             if os.geteuid() == 0 and owner.st_uid != 0:
                 os.chown(own, owner.st_uid, owner.st_gid)
     units = [systemd.unit(t.id) for t in tasks]
-    systemd.systemctl(scope, "reset-failed", *units, check=False)
-    stale = systemd.systemctl(scope, "show", "-p", "NeedDaemonReload", *units, check=False)
-    if "NeedDaemonReload=yes" in stale:
+    # One call in the common case: a unit not loaded reads its drop-in as `show` loads it.
+    out = systemd.systemctl(
+        scope, "show", "-p", "Id,ActiveState,NeedDaemonReload", *units, check=False
+    )
+    failed: list[str] = []
+    stale: list[str] = []
+    for block in out.split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if props.get("NeedDaemonReload") == "yes":
+            (failed if props.get("ActiveState") == "failed" else stale).append(props["Id"])
+    if failed:
+        # Unloaded once reset, and read anew (drop-in included) as the start loads it.
+        systemd.systemctl(scope, "reset-failed", *failed, check=False)
+    if stale:
         systemd.systemctl(scope, "daemon-reload")
 
 

@@ -19,6 +19,7 @@ import pytest
 from fleet.config import load
 from fleet.containment import render
 from fleet.errors import ConfigError, InputError
+from fleet.events import MSG_STARTED
 from fleet.paths import Scope, resolve
 from fleet.store import open_store
 from tests.conftest import Fleet as InProcess
@@ -386,3 +387,21 @@ def test_doctor_sandbox_names_the_paths_a_coder_was_refused(
     assert (units.project / "probe-ok").exists()  # its directory it could write
     assert not Path("/var/lib/fleet-probe-test").exists()
     assert not list((units.home / "tasks").glob("doctor-*"))  # the probe's task dir went
+
+
+def test_a_unit_left_loaded_reads_the_new_dropin_of_its_next_attempt(units: Units) -> None:
+    flag = units.project / "second"
+    units("config", "set", "retry_limit=1")
+    script = f"if [ -e {flag} ]; then echo x > /etc/fleet-escape && echo ESCAPED; else exit 3; fi"
+    task_id = units.add(script)
+    assert units.wait(task_id) == 1  # blocked after its failed attempt
+    # The unit stays loaded, failed, holding its first (sandbox none) drop-in in memory.
+    assert units.prop(task_id, "ActiveState") == "failed"
+    flag.touch()
+    units("config", "set", "sandbox=standard")
+    units("retry", task_id)
+    assert units.wait(task_id) in (0, 1)
+    entries = units.box.journal("-u", f"fleet-task@{task_id}", f"MESSAGE_ID={MSG_STARTED}")
+    assert [e["FLEET_SANDBOX"] for e in entries] == ["none", "standard"]
+    said = units.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
+    assert "ESCAPED" not in said and "Read-only file system" in said
