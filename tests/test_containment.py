@@ -396,7 +396,9 @@ def test_a_unit_left_loaded_reads_the_new_dropin_of_its_next_attempt(units: Unit
     task_id = units.add(script)
     assert units.wait(task_id) == 1  # blocked after its failed attempt
     # The unit stays loaded, failed, holding its first (sandbox none) drop-in in memory.
-    assert units.prop(task_id, "ActiveState") == "failed"
+    units.box.wait_for(
+        lambda: units.prop(task_id, "ActiveState") == "failed", 30, "the unit to have failed"
+    )
     flag.touch()
     units("config", "set", "sandbox=standard")
     units("retry", task_id)
