@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from fleet import budget, live, systemd, wake
+from fleet import budget, containment, live, systemd, wake
 from fleet.config import Config
 from fleet.errors import FleetError
 from fleet.host import boot_id, owner
@@ -100,6 +100,7 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: boo
             )
             ids = [t.id for t in claimed]
             try:
+                containment.install(paths, config, claimed, scope)
                 systemd.start(scope, ids)
             except FleetError as e:
                 for task in claimed:

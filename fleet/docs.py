@@ -610,6 +610,8 @@ _KINDS = {
     "sizes": "table of positive integers",
     "number": "number",
     "prices": "table of price tables",
+    "limits": "table of limits",
+    "limits_by": "table of limit tables",
 }
 
 

@@ -31,6 +31,7 @@ class Status(enum.StrEnum):
 
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 4, 2
 ISOLATIONS = ("none", "worktree")  # where the agent works: the task's cwd, or a worktree of it
+SANDBOXES = ("none", "standard", "strict")  # the walls around an agent (fleet.containment)
 MERGE_STRATEGIES = ("merge", "rebase", "ff-only", "branch")  # how a worktree's branch goes back
 
 
@@ -164,6 +165,12 @@ TASK_FIELDS: tuple[Field, ...] = (
         "the task's budget in tokens (input and output) over all its attempts; null means the"
         " max_tokens setting",
     ),
+    Field(
+        "sandbox",
+        "text",
+        "the walls around the task's agent (none, standard or strict); null means its coder's"
+        " sandbox setting, else the sandbox setting",
+    ),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -240,6 +247,7 @@ class Task(NamedTuple):
     cost_source: str | None
     max_cost_usd: float | None
     max_tokens: int | None
+    sandbox: str | None
 
     @property
     def isolated(self) -> bool:
@@ -369,6 +377,7 @@ class TaskSpec(NamedTuple):
     merged_from: tuple[str, ...] = ()  # the tasks it consolidates (full ids)
     max_cost_usd: float | None = None  # budgets over all attempts; None: the settings'
     max_tokens: int | None = None
+    sandbox: str | None = None  # none, standard, strict; None: the coder's or the setting
 
 
 class TaskEdit(NamedTuple):

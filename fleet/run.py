@@ -687,7 +687,17 @@ class Runner:
         # Secrets may come from our environment or from a [coders.NAME] env table.
         coder_env = dict(self.config.values.get(f"coders.{self.coder_name}.env", {}))
         names = self.config.values["secret_variables"]
-        self.redact = Redactor(secret_values({**os.environ, **coder_env}, names))
+        # API keys from systemd credentials (fleet.credentials): secrets whatever their names.
+        from fleet.credentials import load as load_credentials
+        from fleet.systemd import current_scope
+
+        self.secrets = load_credentials(self.config.values, self.coder_name, current_scope())
+        self.redact = Redactor(
+            [
+                *secret_values({**os.environ, **coder_env}, names),
+                *secret_values(self.secrets, self.secrets),
+            ]
+        )
         # By hand (no journal), `fleet logs` reads the events from the task's directory instead.
         log = None if self.journal else EventLog(self.directory)
         self.sink = Sink(ctx, self.redact, self.journal, log)
@@ -799,6 +809,7 @@ class Runner:
         env = child_env(
             {
                 **coder.environ(spec),
+                **self.secrets,
                 "FLEET_TASK_ID": task.id,
                 "FLEET_TASK_DIR": str(directory),
                 "FLEET_ARTIFACT_DIR": str(self.artifacts),
@@ -851,11 +862,14 @@ class Runner:
             self.store.note(
                 task.id, "started", attempt=task.attempts, coder=self.coder_name, pid=proc.pid
             )
+            from fleet.containment import profile_of
+
             self.sink.lifecycle(
                 MSG_STARTED,
                 f"attempt {task.attempts} started: {self.coder_name} in {self.workdir}"
                 f" (pid {proc.pid}){how}",
-                {"FLEET_PID": proc.pid},
+                # The walls the dispatch pass wrote for this attempt (fleet.containment).
+                {"FLEET_PID": proc.pid, "FLEET_SANDBOX": profile_of(task, self.config)},
             )
             self.notifier.ready(run.status_line())
             return run, loop(run, proc, directory)

@@ -10,7 +10,9 @@ open, and their children (systemctl) still run with root's rights.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from fleet.errors import StoreError
@@ -56,3 +58,26 @@ def act_as_owner(home: Path, found: os.stat_result) -> None:
             f"cannot act as the owner (uid {found.st_uid}) of the state directory {home}",
             hint="run fleet as that user",
         )
+
+
+@contextlib.contextmanager
+def own_identity() -> Iterator[None]:
+    """Root's own file-system identity for a moment, after act_as_owner: for what belongs to
+    the system, not to the state directory (a unit's drop-in in /run/systemd/system)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = libc.setfsuid(-1), libc.setfsgid(-1)  # an invalid id only reports the current
+    if uid == 0 and gid == 0:
+        yield
+        return
+    libc.setfsgid(0)
+    libc.setfsuid(0)
+    try:
+        yield
+    finally:
+        libc.setfsgid(gid)
+        libc.setfsuid(uid)

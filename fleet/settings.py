@@ -11,10 +11,12 @@ import re
 from typing import Any, Literal, NamedTuple
 
 from fleet.errors import ConfigError
-from fleet.model import ISOLATIONS, MERGE_STRATEGIES
+from fleet.model import ISOLATIONS, MERGE_STRATEGIES, SANDBOXES
 from fleet.unitsyntax import SIZE, SIZE_EXAMPLE
 
-Kind = Literal["int", "str", "bool", "list", "ids", "table", "sizes", "number", "prices"]
+Kind = Literal[
+    "int", "str", "bool", "list", "ids", "table", "sizes", "number", "prices", "limits", "limits_by"
+]
 
 # The coders fleet knows by name; more are defined by a [coders.NAME] table.
 BUILTIN_CODERS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "command", "replay")
@@ -68,6 +70,9 @@ class Setting(NamedTuple):
             and not isinstance(value, bool)
             and math.isfinite(value),
             "prices": isinstance(value, dict),
+            "limits": isinstance(value, dict),
+            "limits_by": isinstance(value, dict)
+            and all(isinstance(v, dict) for v in value.values()),
         }[self.kind]
         if not ok:
             wanted = {
@@ -80,6 +85,8 @@ class Setting(NamedTuple):
                 "sizes": "a table of positive whole numbers",
                 "number": "a number",
                 "prices": "a table of price tables",
+                "limits": "a table of limits",
+                "limits_by": "a table of limit tables",
             }[self.kind]
             raise ConfigError(f"{where}: {self.name} must be {wanted}, not {value!r}")
         if self.kind == "number":
@@ -87,6 +94,12 @@ class Setting(NamedTuple):
                 raise ConfigError(f"{where}: {self.name} must be at least {self.minimum}")
             if self.maximum is not None and value > self.maximum:
                 raise ConfigError(f"{where}: {self.name} must be at most {self.maximum}")
+        if self.kind in ("limits", "limits_by"):
+            from fleet import limits
+
+            tables = value.items() if self.kind == "limits_by" else [("", value)]
+            for label, table in tables:
+                limits.check(table, f"{where}: {self.name}" + (f".{label}" if label else ""))
         if self.kind == "prices":
             from fleet.pricing import entry
 
@@ -147,6 +160,8 @@ class Setting(NamedTuple):
             "table": '{NAME = "value"}',
             "sizes": '{"model-name" = 200000}',
             "prices": '{"my-model" = {input = 1.0, output = 4.0}}',
+            "limits": '{memory_max = "4G", tasks_max = "4096"}',
+            "limits_by": '{heavy = {memory_max = "8G"}}',
         }[self.kind]
         try:
             doc = tomllib.loads(f"v = {text}")
@@ -359,6 +374,102 @@ SETTINGS: tuple[Setting, ...] = (
         " none. Exceeding it ends the attempt as out of memory. Applied by `fleet setup`.",
         pattern=SIZE,
         example=SIZE_EXAMPLE,
+    ),
+    Setting(
+        "task_memory_high",
+        "str",
+        "",
+        "Memory of one attempt above which the kernel throttles and reclaims it (MemoryHigh=,"
+        " e.g. 3G); empty for none. Applied to each attempt as it starts.",
+        pattern=SIZE,
+        example=SIZE_EXAMPLE,
+    ),
+    Setting(
+        "task_cpu_weight",
+        "int",
+        0,
+        "CPU weight of one attempt against the others (CPUWeight=, 1 to 10000, 100 is"
+        " systemd's default); 0 leaves it unset. Applied to each attempt as it starts.",
+        0,
+        10_000,
+    ),
+    Setting(
+        "task_cpu_quota_pct",
+        "int",
+        0,
+        "CPU limit of one attempt, in percent of one core (CPUQuota=); 0 for none. Applied to"
+        " each attempt as it starts.",
+        0,
+        100_000,
+    ),
+    Setting(
+        "task_tasks_max",
+        "int",
+        2048,
+        "Process and thread limit of one attempt (TasksMax=); node, cargo and playwright start"
+        " many; 0 for none. Applied to each attempt as it starts.",
+        0,
+        10_000_000,
+    ),
+    Setting(
+        "task_io_weight",
+        "int",
+        0,
+        "IO weight of one attempt (IOWeight=, 1 to 10000); 0 leaves it unset. Applied to each"
+        " attempt as it starts.",
+        0,
+        10_000,
+    ),
+    Setting(
+        "label_limits",
+        "limits_by",
+        {},
+        "Limits of the attempts of tasks with a label, over the task_* settings and a coder's"
+        ' limits: {LABEL = {memory_max = "8G", memory_high, cpu_weight, cpu_quota_pct,'
+        " tasks_max, io_weight, runtime_max}}; of several labels, the later wins.",
+    ),
+    Setting(
+        "sandbox",
+        "str",
+        "none",
+        "The walls around each agent (a coder's own sandbox setting, or the task's, wins):"
+        " none; standard (the system read-only but for the task's directory or worktree, its"
+        " task directory, FLEET_HOME, the coders' state and package caches; other tasks'"
+        " directories and sandbox_hidden out of sight; no privileges, devices or kernel"
+        " knobs); strict (standard, the rest of $HOME hidden, the working directory read-only"
+        " outside its .git, link-local addresses denied; needs worktree isolation).",
+        choices=SANDBOXES,
+    ),
+    Setting(
+        "sandbox_paths",
+        "list",
+        [],
+        "More paths an agent may write under the standard and strict sandboxes (absolute, or"
+        " ~/ for the agent user's home).",
+    ),
+    Setting(
+        "sandbox_hidden",
+        "list",
+        [
+            ".ssh",
+            ".gnupg",
+            ".aws",
+            ".azure",
+            ".kube",
+            ".docker",
+            ".netrc",
+            ".password-store",
+            ".config/gcloud",
+        ],
+        "Paths an agent cannot see under the standard and strict sandboxes (relative to the"
+        " agent user's home, or absolute).",
+    ),
+    Setting(
+        "sandbox_deny_private",
+        "bool",
+        False,
+        "Under the strict sandbox, also deny private addresses (10/8, 172.16/12, 192.168/16,"
+        " 100.64/10, fc00::/7), where the kernel can filter them (cgroup v2).",
     ),
     Setting(
         "slice_memory_max",
@@ -581,6 +692,31 @@ CODER_SETTINGS: tuple[Setting, ...] = (
         " back; 0 means the top-level rate_limit_pct.",
         0,
         100,
+    ),
+    Setting(
+        "credentials",
+        "table",
+        {},
+        "Secrets the coder expects in variables, each from a file: {ANTHROPIC_API_KEY ="
+        ' "/etc/fleet/anthropic.key"}. In system scope `fleet setup` loads them as systemd'
+        " credentials (LoadCredential=, LoadCredentialEncrypted= for a *.cred file of"
+        " systemd-creds); they are never written to a unit, the task's directory or the"
+        " journal (masked wherever an agent echoes them).",
+    ),
+    Setting(
+        "limits",
+        "limits",
+        {},
+        'Limits of this coder\'s attempts over the task_* settings: {memory_max = "6G",'
+        " memory_high, cpu_weight, cpu_quota_pct, tasks_max, io_weight, runtime_max}.",
+    ),
+    Setting(
+        "sandbox",
+        "str",
+        "",
+        "The sandbox of this coder's tasks (none, standard, strict) instead of `sandbox`;"
+        " empty for that.",
+        choices=("", *SANDBOXES),
     ),
     Setting(
         "format",

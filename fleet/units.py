@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from fleet import __version__
+from fleet import __version__, credentials
 from fleet import unitsyntax as syntax
 from fleet.config import Config
 from fleet.paths import Paths, Scope
@@ -129,10 +129,15 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "NotifyAccess=main",
             _environment(inst),
             *user,
+            *(credentials.unit_lines(config.values) if inst.scope == "system" else []),
             f"ExecStart={_program(inst, 'fleet-run')} %i",
             # fleet-reap only when fleet-run did not settle the attempt itself ($$: for sh).
             'ExecStopPost=/bin/sh -c \'test -e "$$0/.settled-$$INVOCATION_ID" || exec "$$@"\''
             f" {tasks} {_program(inst, 'fleet-reap')} %i",
+            # The attempt's drop-in (fleet.containment) goes as it ends, with full privileges
+            # (+): the sandbox it describes keeps the runtime directory read-only. (Should
+            # fleet-reap fail first, the next start writes the drop-in anew.)
+            f"ExecStopPost=+/bin/rm -rf %t/systemd/{inst.scope}/fleet-task@%i.service.d",
             "Slice=fleet.slice",
             "KillMode=control-group",
             "TimeoutStartSec=60",
@@ -143,6 +148,18 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "LogRateLimitIntervalSec=1s",
             f"LogRateLimitBurst={LOG_BURST}",
             "Restart=no",
+        ],
+        SCHEDULE_SERVICE: [
+            "[Unit]",
+            "Description=fleet schedule %i: add its batch",
+            "Documentation=man:fleet-schedule(1)",
+            "StartLimitIntervalSec=0",
+            "",
+            "[Service]",
+            "Type=oneshot",
+            _environment(inst),
+            *user,
+            f"ExecStart={_program(inst, 'fleet')} schedule fire %i",
         ],
         "fleet.slice": [
             "[Unit]",
@@ -204,6 +221,29 @@ def render(inst: Install, config: Config) -> dict[str, str]:
 
 
 TELEGRAM = "fleet-telegram.service"
+SCHEDULE_SERVICE = "fleet-schedule@.service"
+
+
+def schedule_timer(name: str, on_calendar: str, persistent: bool) -> str:
+    """fleet-schedule@NAME.timer, which `fleet schedule add` installs beside the units of
+    `fleet setup`: `name` is checked by fleet.schedules.check_name and `on_calendar` is
+    systemd's normalized form of the spec (fleet.calendar refuses a `%` or a line break; the
+    escaping is fleet.unitsyntax's all the same)."""
+    lines = [
+        "[Unit]",
+        f"Description=fleet schedule {syntax.text(name, 'the schedule name')}",
+        "Documentation=man:fleet-schedule(1)",
+        "",
+        "[Timer]",
+        f"OnCalendar={syntax.text(on_calendar, 'the calendar spec')}",
+        f"Persistent={'true' if persistent else 'false'}",
+        # systemd's default (a minute) would fire a per-second spec up to a minute late.
+        "AccuracySec=1s",
+        "",
+        "[Install]",
+        "WantedBy=timers.target",
+    ]
+    return STAMP.replace("fleet setup", "fleet schedule add") + "\n" + "\n".join(lines) + "\n"
 
 
 def _telegram(inst: Install, config: Config, user: list[str], target: str) -> list[str]:

@@ -242,6 +242,7 @@ class Sandbox:
         manager_conf: Sequence[str] = ("DefaultTimerAccuracySec=1ms",),
         journald_conf: Sequence[str] = ("RateLimitBurst=0",),
         tmpfs: Sequence[str] = ("/usr/local/lib",),
+        state: Path | None = None,
         timeout: float = 30,
     ) -> Sandbox:
         """Boots systemd with DIR/units as /etc/systemd/system and waits until it is up.
@@ -249,8 +250,11 @@ class Sandbox:
         manager_conf and journald_conf are extra `[Manager]` and `[Journal]` lines; tmpfs names
         existing directories to hide behind a private tmpfs (for example "/var/lib" keeps
         StateDirectory= off the host); the default hides /usr/local/lib, where a system-wide
-        `fleet setup` installs its journal catalog. Accepts the states "running" and "degraded"
-        (a unit enabled in DIR/units failed; see boot_state); anything else is a SandboxError.
+        `fleet setup` installs its journal catalog. `state`, a directory, is the sandbox's
+        /var/lib/systemd instead of a tmpfs, so that a second boot with the same directory and
+        state sees the timer stamps of the first (a reboot). Accepts the states "running" and
+        "degraded" (a unit enabled in DIR/units failed; see boot_state); anything else is a
+        SandboxError.
         """
         started = time.monotonic()
         if os.geteuid() != 0:
@@ -262,6 +266,10 @@ class Sandbox:
         for path in tmpfs:
             if not Path(path).is_absolute() or not Path(path).is_dir() or Path(path) == Path("/"):
                 raise SandboxError(f"tmpfs={path!r}: not an existing absolute directory")
+        if state is not None:
+            state = state.resolve()
+            if not state.is_dir() or any(_within(state, parent) for parent in hidden):
+                raise SandboxError(f"state={state}: not a directory the sandbox can see")
         for sub in ("units", "user-units", "conf"):
             (directory / sub).mkdir(parents=True, exist_ok=True)
         journald = _ini("Journal", ("Storage=volatile", "ReadKMsg=no", *journald_conf))
@@ -283,6 +291,7 @@ class Sandbox:
             "PATH": PATH,
             "SANDBOX_HIERARCHIES": "\n".join(map(str, hierarchies)),
             "SANDBOX_TMPFS": "\n".join(tmpfs),
+            "SANDBOX_STATE": str(state or ""),
         }
         with (directory / "console.log").open("wb") as console:
             unshare = subprocess.Popen(

@@ -12,6 +12,7 @@
 # CGROUP  path of the sandbox's own cgroup, relative to each hierarchy's root
 # $SANDBOX_HIERARCHIES  newline-separated cgroup hierarchy mount points
 # $SANDBOX_TMPFS        newline-separated extra directories to cover with a tmpfs
+# $SANDBOX_STATE        a directory to bind as /var/lib/systemd (else a tmpfs)
 set -eu
 
 dir=$1
@@ -85,7 +86,10 @@ done
 
 # Timer stamps and journal files stay private, and the host's old journal is not read.
 # (Existing directories only: creating one here would create it on the host.)
-if [ -d /var/lib/systemd ]; then
+# With $SANDBOX_STATE, a directory kept from one boot to the next (timer stamps survive).
+if [ -n "${SANDBOX_STATE:-}" ] && [ -d /var/lib/systemd ]; then
+    mount --bind "$SANDBOX_STATE" /var/lib/systemd
+elif [ -d /var/lib/systemd ]; then
     mount -t tmpfs -o mode=0755 sandbox-state /var/lib/systemd
 fi
 if [ -d /var/log/journal ]; then
@@ -103,6 +107,12 @@ ln -s /usr/lib/systemd/system/systemd-journald.service \
     /run/systemd/system/sysinit.target.wants/systemd-journald.service
 # The audit socket would feed the host's kernel audit records into every sandbox.
 ln -s /dev/null /run/systemd/system/systemd-journald-audit.socket
+
+# Shared propagation within the sandbox, as a booted host has it (systemd makes / shared,
+# except in a container): systemd mounts each unit's $CREDENTIALS_DIRECTORY from a namespace
+# of its own and relies on it propagating back. The peer groups are new, so nothing reaches
+# the host, whose mounts stay private to this namespace (unshare --propagation private).
+mount --make-rshared /
 
 cd /
 exec env -i container=fleet-sandbox TERM=dumb \

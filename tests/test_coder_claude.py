@@ -31,6 +31,7 @@ import pytest
 from fleet.audit import MSG_CHECKPOINTED, MSG_RESUMED, MSG_SUSPENDED
 from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.coders.claude import MCP_FILE, MCP_TIMEOUT_MS, TMP_DIR, ClaudeCoder
+from fleet.events import MSG_STARTED
 from fleet.timeutil import parse
 from tests import sandbox
 from tests.conftest import (
@@ -1114,3 +1115,17 @@ def test_a_resume_whose_session_is_gone_starts_afresh_from_the_summary(
     assert anthropic.commands(fresh) == [] and anthropic.CHECKPOINT_SUMMARY in json.dumps(fresh)
     journal = box.box.run("journalctl", "-u", f"fleet-task@{task_id}", "-o", "cat").stdout
     assert f"session {session} could not be resumed" in journal
+
+
+def test_dispatched_task_runs_to_done_under_the_standard_sandbox(box: Box) -> None:
+    box("config", "set", "coders.claude.sandbox=standard")
+    task_id = box.add("FLEET-SCENARIO:shell")
+    assert box.wait(task_id) == 0
+    task = box.show(task_id)
+    assert task["status"] == "done", task
+    assert (box.project / "fleet_out.txt").exists()
+    unit = f"fleet-task@{task_id}.service"
+    (started,) = box.box.journal("-u", unit, f"MESSAGE_ID={MSG_STARTED}")
+    assert started["FLEET_SANDBOX"] == "standard"
+    journal = box.box.run("journalctl", "-u", unit, "-o", "cat").stdout
+    assert f"→ Bash: {anthropic.WRITE_COMMAND}" in journal and "result (ok)" in journal

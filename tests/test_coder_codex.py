@@ -29,6 +29,7 @@ from fleet import coders
 from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.coders.codex import LAST_MESSAGE, CodexCoder, overrides, try_again_at
 from fleet.config import load
+from fleet.events import MSG_STARTED
 from fleet.paths import resolve
 from fleet.store import open_store
 from fleet.timeutil import parse as parse_time
@@ -962,3 +963,15 @@ def test_a_suspended_thread_resumes_and_each_attempt_counts_its_own(unit: UnitFl
     call = (700 * 1.25 + 500 * 0.125 + 30 * 10) / 1e6
     assert (first["cost"], first["cost_source"]) == (pytest.approx(call), "estimated")
     assert (second["cost"], second["model"]) == (pytest.approx(2 * call), "gpt-5-codex")
+
+
+def test_dispatched_codex_under_the_standard_sandbox(unit: UnitFleet) -> None:
+    unit("config", "set", "coders.codex.sandbox=standard")
+    tid = unit.add("shell")
+    assert unit.wait(tid) == 0
+    assert unit.show(tid)["status"] == "done"
+    assert (unit.project / "fleet_out.txt").exists()
+    (started,) = unit.box.journal("-u", f"fleet-task@{tid}", f"MESSAGE_ID={MSG_STARTED}")
+    assert started["FLEET_SANDBOX"] == "standard"
+    transcript = unit.box.run("journalctl", "-u", f"fleet-task@{tid}", "-o", "cat").stdout
+    assert '→ exec_command: fleet close "$FLEET_TASK_ID" --reason done' in transcript

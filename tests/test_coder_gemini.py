@@ -27,6 +27,7 @@ import pytest
 
 from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.coders.gemini import MCP_TIMEOUT_MS, GeminiCoder, pacific_midnight
+from fleet.events import MSG_STARTED
 from fleet.timeutil import parse
 from tests import sandbox
 from tests.conftest import (
@@ -720,3 +721,16 @@ def test_a_429_holds_gemini_back_then_the_task_runs_again(unit: tuple[Unit, Log]
     assert parse(second["started_at"]) >= resets  # not before the reset the 429 asked for
     assert len(requests(log)) == 4  # the 429, then the three calls of the shell turn
     SESSIONS.append(str(second["session_id"]))
+
+
+def test_a_unit_runs_the_cli_to_done_under_the_standard_sandbox(unit: tuple[Unit, Log]) -> None:
+    u, _ = unit
+    u("config", "set", "coders.gemini.sandbox=standard")
+    tid = u.add("shell")
+    assert u.wait(tid) == 0
+    assert u.show(tid)["status"] == "done" and u.outcomes(tid) == ["success"]
+    assert (u.project / server.OUT_FILE).exists()
+    (started,) = u.box.journal("-u", f"fleet-task@{tid}", f"MESSAGE_ID={MSG_STARTED}")
+    assert started["FLEET_SANDBOX"] == "standard"
+    lines = u.box.run("journalctl", "-u", f"fleet-task@{tid}", "-o", "cat").stdout
+    assert f"→ run_shell_command: {server.WRITE_COMMAND}" in lines

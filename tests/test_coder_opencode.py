@@ -27,6 +27,7 @@ import pytest
 
 from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.coders.opencode import MCP_SERVER, MCP_TIMEOUT_MS, OpencodeCoder
+from fleet.events import MSG_STARTED
 from fleet.paths import resolve
 from fleet.store import open_store
 from fleet.timeutil import parse
@@ -839,3 +840,16 @@ def test_a_rate_limited_task_runs_again_after_the_reset(
     assert parse(first["ended_at"]) < resets_at <= parse(second["started_at"]) + 0.01
     assert len(requests_of(log, task_id)) == 6 + 3
     assert (units.project / "fleet_out.txt").exists()
+
+
+def test_a_unit_runs_opencode_to_done_under_the_standard_sandbox(units: Units) -> None:
+    units("config", "set", "coders.opencode.sandbox=standard")
+    task_id = units.add("write the file", "shell")
+    assert units.wait(task_id) == 0
+    assert units.show(task_id)["status"] == "done"
+    assert (units.project / "fleet_out.txt").exists()
+    unit = f"fleet-task@{task_id}"
+    (started,) = units.box.journal("-u", unit, f"MESSAGE_ID={MSG_STARTED}")
+    assert started["FLEET_SANDBOX"] == "standard"
+    journal = units.box.run("journalctl", "-u", unit, "-o", "cat").stdout
+    assert "→ bash: echo written by the fake model > fleet_out.txt" in journal

@@ -20,6 +20,7 @@ from fleet.errors import InputError
 from fleet.model import AttemptEnd, Status, TaskSpec
 from fleet.paths import resolve
 from fleet.store import Store, open_store
+from fleet.store.schema import MIGRATIONS
 from fleet.timeutil import iso
 from tests.conftest import Fleet, store_at_version
 
@@ -32,7 +33,9 @@ def store(backend: str, home: Path) -> Iterator[Store]:
 
 
 def test_the_migration_keeps_every_attempt_and_says_what_it_cannot_know(home: Path) -> None:
-    db = store_at_version(home, 7)  # the schema before the spend migration (the eighth)
+    # The schema just before the migration that split usage by model (later ones may follow).
+    before = next(i for i, m in enumerate(MIGRATIONS) if any("attempt_usage" in q for q in m))
+    db = store_at_version(home, before)
     now = "2026-11-30T10:00:00.000Z"
     db.execute(
         "INSERT INTO tasks (id, title, cwd, coder, model, created_at, updated_at, tokens_in,"

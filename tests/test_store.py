@@ -53,6 +53,7 @@ def test_add_then_get_round_trips_every_field(store: Store, project: Path) -> No
                 labels=("a", "b"),
                 after=(dep.id,),
                 parent=dep.id,
+                sandbox="strict",
             )
         ]
     )
@@ -66,7 +67,7 @@ def test_add_then_get_round_trips_every_field(store: Store, project: Path) -> No
     )
     assert (got.priority, got.labels, got.after, got.parent) == (0, ("a", "b"), (dep.id,), dep.id)
     assert got.waiting_on == (dep.id,)
-    assert got.status == Status.READY
+    assert got.status == Status.READY and got.sandbox == "strict"
     assert got.id.startswith("fl-") and len(got.id) == 9
 
 

@@ -103,8 +103,8 @@ def test_run_as_refuses_a_user_that_does_not_exist() -> None:
 def test_run_as_an_existing_user_is_written() -> None:
     result = run_fleet("setup", "--system", "--run-as", "nobody", "--dry-run")
     assert result.code == 0, result.err
-    # The agents (fleet-task@.service); fleet-claim stays root, to start their units.
-    assert result.out.count("\nUser=nobody\n") == 1
+    # fleet-task@.service and fleet-schedule@.service; fleet-claim stays root, to start units.
+    assert result.out.count("\nUser=nobody\n") == 2
 
 
 @pytest.mark.parametrize(

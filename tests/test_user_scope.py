@@ -206,3 +206,23 @@ def test_doctor_finds_everything_in_order(nobody: UserFleet) -> None:
     assert report.returncode == 0
     table = nobody("doctor", "--user").stdout.splitlines()
     assert all(row.split()[0] == "ok" for row in table[1:] if row.strip() and "---" not in row)
+
+
+def test_a_task_under_the_standard_sandbox_in_user_scope(nobody: UserFleet) -> None:
+    # PrivateUsers=yes lets a user manager build the sandbox's mount namespace. It does so in
+    # /run/systemd/unit-root, which the system manager makes the first time one of its own
+    # services is namespaced (on a booted host long before): here, before any is.
+    nobody.box.run("mkdir", "-p", "-m", "0400", "/run/systemd/unit-root")
+    project = nobody.root / "project"
+    nobody("config", "set", "sandbox=standard")
+    try:
+        probe = "echo in > inside.txt && echo WROTE-CWD; echo x > /etc/fleet-escape || echo REFUSED"
+        task_id = nobody("add", "probe", "--cwd", str(project), "-d", probe).stdout.strip()
+        waited = nobody("wait", task_id, "--timeout", "90", check=False, timeout=120)
+        unit = f"fleet-task@{task_id}.service"
+        said = nobody.box.run("journalctl", f"_SYSTEMD_USER_UNIT={unit}", "-o", "cat").stdout
+        assert waited.returncode == 0, nobody.box.run("journalctl", "-n", "40").stdout
+        assert "WROTE-CWD" in said and "REFUSED" in said and "Read-only file system" in said
+        assert (project / "inside.txt").read_text() == "in\n"
+    finally:
+        nobody("config", "set", "sandbox=none")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import click
@@ -16,6 +17,7 @@ from fleet.model import (
     MAX_PRIORITY,
     MERGE_STRATEGIES,
     MIN_PRIORITY,
+    SANDBOXES,
     Task,
     TaskSpec,
 )
@@ -35,6 +37,7 @@ class Defaults(NamedTuple):
     priority: int = DEFAULT_PRIORITY
     labels: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
+    sandbox: str | None = None
 
 
 BATCH_KEYS = (
@@ -54,6 +57,7 @@ BATCH_KEYS = (
     "parent_waits",
     "max_cost_usd",
     "max_tokens",
+    "sandbox",
 )
 MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is a mistake
 
@@ -123,6 +127,12 @@ MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is
     " the max_tokens setting].",
 )
 @click.option(
+    "--sandbox",
+    type=click.Choice(SANDBOXES),
+    help="The walls around the agent (see fleet.toml(5), sandbox) [default: its coder's"
+    " sandbox, else the sandbox setting]; with --batch, for the lines that give none.",
+)
+@click.option(
     "--batch",
     metavar="FILE|-",
     help="Add many tasks from a file of JSON lines (keys as the options, parent_waits for"
@@ -149,6 +159,7 @@ def add(
     merge: str | None,
     max_cost: float | None,
     max_tokens: int | None,
+    sandbox: str | None,
     batch: str | None,
     fmt: str | None,
 ) -> None:
@@ -157,6 +168,50 @@ def add(
     The task becomes ready at once and runs as soon as a slot is free and every task given
     with --after is done.
     """
+    specs, lines, source = build(
+        app, title, description, cwd, coder, model, priority, after, labels, parent,
+        parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox, batch,
+    )  # fmt: skip
+    tasks = add_tasks(app, specs, lines, source)
+    out = fmt_of(fmt)
+    if out == "table":
+        sys.stdout.write("".join(t.id + "\n" for t in tasks))
+    elif batch is None and out == "json":
+        emit_object(tasks[0].to_json())
+    else:
+        emit_objects((t.to_json() for t in tasks), out)
+
+
+def specs_from_args(app: App, args: Sequence[str]) -> list[TaskSpec]:
+    """The tasks `fleet add ARGS` would add now (in the current directory), checked, not
+    added: what a schedule adds when it fires (fleet.cli.schedule)."""
+    ctx = add.make_context("fleet add", list(args), obj=app)
+    with ctx:
+        params = {k: v for k, v in ctx.params.items() if k != "fmt"}
+        return build(app, **params)[0]
+
+
+def build(
+    app: App,
+    title: str | None,
+    description: str | None,
+    cwd: str | None,
+    coder: str | None,
+    model: str | None,
+    priority: int,
+    after: tuple[str, ...],
+    labels: tuple[str, ...],
+    parent: str | None,
+    parent_waits: bool,
+    isolation: str | None,
+    base: str | None,
+    merge: str | None,
+    max_cost: float | None,
+    max_tokens: int | None,
+    sandbox: str | None,
+    batch: str | None,
+) -> tuple[list[TaskSpec], list[int], str]:
+    """The specs `fleet add`'s arguments ask for, the batch's line numbers and its source."""
     from fleet import inputs
 
     lines: list[int] = []
@@ -190,6 +245,7 @@ def add(
             priority=priority if given != click.core.ParameterSource.DEFAULT else DEFAULT_PRIORITY,
             labels=tuple(dict.fromkeys(inputs.label(x) for x in labels)),
             after=tuple(dict.fromkeys(after)),
+            sandbox=sandbox,
         )
         specs, lines = read_batch(app, batch, defaults)
     else:
@@ -197,17 +253,10 @@ def add(
             raise InputError("missing TITLE", hint='fleet add "what to do" --cwd DIR')
         one = One(
             title, inputs.description(description), cwd, coder, model, priority, after, labels,
-            parent, parent_waits, isolation, base, merge, max_cost, max_tokens,
+            parent, parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox,
         )  # fmt: skip
         specs = [spec_of(app, one)]
-    tasks = add_tasks(app, specs, lines, source)
-    out = fmt_of(fmt)
-    if out == "table":
-        sys.stdout.write("".join(t.id + "\n" for t in tasks))
-    elif batch is None and out == "json":
-        emit_object(tasks[0].to_json())
-    else:
-        emit_objects((t.to_json() for t in tasks), out)
+    return specs, lines, source
 
 
 class One(NamedTuple):
@@ -228,6 +277,7 @@ class One(NamedTuple):
     merge: str | None = None
     max_cost: float | None = None
     max_tokens: int | None = None
+    sandbox: str | None = None
 
 
 def spec_of(app: App, one: One) -> TaskSpec:
@@ -258,6 +308,7 @@ def spec_of(app: App, one: One) -> TaskSpec:
         parent_waits=one.parent_waits,
         max_cost_usd=one.max_cost,
         max_tokens=one.max_tokens,
+        sandbox=one.sandbox,
     )
 
 
@@ -431,6 +482,9 @@ def _spec(
     if waits and not parent:
         raise InputError("parent_waits needs parent", hint='add "parent": "ID" to the line')
     base = text("base")
+    sandbox = text("sandbox") or defaults.sandbox
+    if sandbox is not None and sandbox not in SANDBOXES:
+        raise InputError(f"sandbox must be one of {', '.join(SANDBOXES)}, not {sandbox!r}")
     max_cost = obj.get("max_cost_usd")
     if max_cost is not None and (
         isinstance(max_cost, bool)
@@ -476,4 +530,5 @@ def _spec(
         parent_waits=waits,
         max_cost_usd=None if max_cost is None else float(max_cost),
         max_tokens=max_tokens,
+        sandbox=sandbox,
     )

@@ -207,6 +207,7 @@ MODULES = {
     "ready": "listing",
     "resume": "control",
     "retry": "change",
+    "schedule": "schedule",
     "setup": "setup",
     "show": "listing",
     "stats": "stats",

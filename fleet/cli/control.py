@@ -121,12 +121,19 @@ def _announce(app: App, tasks: list[Task]) -> None:
 
 
 @cli.command("wait")
-@click.argument("task_ids", metavar="ID...", nargs=-1, required=True, type=TASK)
+@click.argument("task_ids", metavar="[ID...]", nargs=-1, type=TASK)
 @click.option(
     "-t", "--timeout", type=SECONDS, help="Give up after SECONDS (0 or more; none: wait forever)."
 )
+@click.option(
+    "--schedule",
+    metavar="NAME",
+    help="Also wait for the tasks of the schedule's latest run that added any.",
+)
 @pass_app
-def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
+def wait_cmd(
+    app: App, task_ids: tuple[str, ...], timeout: float | None, schedule: str | None
+) -> int:
     """Wait until each task is done, cancelled, blocked or suspended; for a task handed off,
     its last successor, which carries its work on (said on standard error).
 
@@ -137,6 +144,10 @@ def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
     from inotify_simple import INotify
     from inotify_simple import flags as iflags
 
+    if schedule is not None:
+        task_ids = (*task_ids, *_latest_run(app, schedule))
+    elif not task_ids:
+        raise InputError("give task ids or --schedule NAME", hint="fleet wait ID... [-t SECONDS]")
     deadline = None if timeout is None else time.monotonic() + timeout
     tty = sys.stderr.isatty()
     inotify = INotify()
@@ -170,6 +181,16 @@ def wait_cmd(app: App, task_ids: tuple[str, ...], timeout: float | None) -> int:
             inotify.read(timeout=poll_ms(left))
     finally:
         inotify.close()
+
+
+def _latest_run(app: App, name: str) -> tuple[str, ...]:
+    from fleet.errors import NotFound
+
+    app.store.schedule(name)
+    runs = app.store.schedule_runs(name, 1, added=True)
+    if not runs:
+        raise NotFound(f"schedule {name} has added no tasks yet", hint=f"fleet schedule run {name}")
+    return runs[0].tasks
 
 
 @cli.command("merge")

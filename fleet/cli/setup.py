@@ -170,10 +170,13 @@ def _uninstall(scope: Scope, target: Path, units: dict[str, str]) -> None:
     from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM, WEB_SERVICE, WEB_SOCKET
 
     systemd.manager_environment(scope)  # reachable, before anything is removed
+    # The schedules' timers too (fleet schedule add wrote them): their service goes now.
+    timers = sorted(p.name for p in target.glob("fleet-schedule@?*.timer"))
     systemd.systemctl(
-        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, check=False
-    )
-    for name in units:
+        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, *timers,
+        check=False,
+    )  # fmt: skip
+    for name in [*units, *timers]:
         (target / name).unlink(missing_ok=True)
     if scope == "system":
         (CATALOG_DIR / CATALOG_FILE).unlink(missing_ok=True)
@@ -307,6 +310,9 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     search = units_path(app, scope)
     for name in sorted(names):
         results.append(coder_check(config, name, search))
+    from fleet import containment
+
+    results.extend(containment.checks(config, scope))
     results.extend(worktree_checks(app, config, repair))
     results.extend(notify_checks(app, config, scope))
     return results
@@ -430,9 +436,16 @@ def coder_check(config: Config, name: str, search: str | None = None) -> tuple[b
     help="Remove the worktrees of gone, done, cancelled or handed-off tasks that hold no"
     " unmerged work.",
 )
+@click.option(
+    "--sandbox",
+    "sandbox",
+    is_flag=True,
+    help="Also run each configured coder briefly (--version) under its sandbox profile"
+    " (standard if it has none) and report what it was refused, with the sandbox_paths to add.",
+)
 @output_options
 @pass_app
-def doctor(app: App, scope: str | None, fix: bool, fmt: str | None) -> int:
+def doctor(app: App, scope: str | None, fix: bool, sandbox: bool, fmt: str | None) -> int:
     """Check that fleet can run here: systemd, units, state directory, configuration, coders,
     and worktrees left behind by finished tasks.
 
@@ -445,6 +458,13 @@ def doctor(app: App, scope: str | None, fix: bool, fmt: str | None) -> int:
     """
     chosen = _scope(app, scope)
     results = checks(app, chosen, fix)
+    if sandbox:
+        from fleet.sandboxprobe import probe
+
+        config = app.config
+        names = {config.get_str("default_coder")}
+        names |= {k.split(".")[1] for k in config.values if k.startswith("coders.")}
+        results += [probe(app.paths, config, chosen, name) for name in sorted(names)]
     out = fmt_of(fmt)
     if out == "table":
         emit_table(

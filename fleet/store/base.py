@@ -41,6 +41,8 @@ Semantics every backend must keep (SQLite and PostgreSQL, both fleet.store.sql):
   is taken with a claim that only runs out after the deliverer's bound, and it stays spooled,
   with its tries and last error, until `spool_sent`; a question's message is then kept, with
   the channel's message id, until it has been edited to show how the question was settled;
+- a schedule's slot fires once: `fire` records (schedule, slot) under a unique key in the
+  transaction that adds the slot's tasks (fleet.schedules);
 - a lease has one holder at a time: another owner takes it only once it has run out, and only
   its holder changes the value it carries (which outlives the holder).
 """
@@ -67,6 +69,7 @@ from fleet.model import (
     TaskEdit,
     TaskSpec,
 )
+from fleet.schedules import Schedule, ScheduleRun
 
 Count = Literal["failure", "noclose"]
 
@@ -515,6 +518,34 @@ class Store(Protocol):
 
     def pick(self, msg_id: int, picked: Sequence[str]) -> Outgoing:
         """Record the options toggled so far on a multi-select question's message."""
+        ...
+
+    # Schedules (fleet.schedules)
+    def add_schedule(self, schedule: Schedule) -> Schedule:
+        """Conflict if one of that name exists."""
+        ...
+
+    def schedules(self) -> list[Schedule]: ...
+
+    def schedule(self, name: str) -> Schedule: ...
+
+    def drop_schedule(self, name: str) -> None:
+        """With its runs; the tasks it added stay."""
+        ...
+
+    def schedule_runs(
+        self, name: str, limit: int = 1, manual: bool = True, added: bool = False
+    ) -> list[ScheduleRun]:
+        """The newest `limit` runs, newest first (`manual`: with those of `fleet schedule
+        run`; `added`: only runs that added tasks)."""
+        ...
+
+    def fire(self, name: str, slot: str, specs: Sequence[TaskSpec]) -> ScheduleRun:
+        """Add `specs` for the schedule's `slot`, once: in one transaction with the run's
+        row, unique per (schedule, slot); the run of a slot that fired before is returned
+        with fresh=False. The schedule's overlap decides against the newest run that added
+        tasks, while one of them (or its heir) is ready, running or merging: skip records
+        a skipped run, queue makes every spec wait for those tasks."""
         ...
 
     def take_lease(self, name: str, owner: str, seconds: float) -> Lease:

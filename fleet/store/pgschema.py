@@ -222,6 +222,31 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _V8,
     # 9: the boot of its host a claim was made in (see SQLite's migration 9).
     (f"ALTER TABLE tasks ADD COLUMN claim_boot {T}",),
+    # 10: schedules and the slots they fired, each once (fleet.schedules).
+    (
+        f"""CREATE TABLE schedules (
+            name {T} PRIMARY KEY,
+            on_calendar {T} NOT NULL,
+            overlap {T} NOT NULL CHECK (overlap IN ('skip', 'queue', 'allow')),
+            persistent INTEGER NOT NULL,
+            args {T} NOT NULL,
+            cwd {T} NOT NULL,
+            created_at {T} NOT NULL
+        )""",
+        f"""CREATE TABLE schedule_runs (
+            schedule {T} NOT NULL REFERENCES schedules(name) ON DELETE CASCADE,
+            slot {T} NOT NULL,
+            manual INTEGER NOT NULL DEFAULT 0,
+            fired_at {T} NOT NULL,
+            by {T} NOT NULL,
+            outcome {T} NOT NULL CHECK (outcome IN ('added', 'skipped')),
+            tasks {T} NOT NULL DEFAULT '[]',
+            PRIMARY KEY (schedule, slot)
+        )""",
+        "CREATE INDEX schedule_runs_fired ON schedule_runs (schedule, fired_at)",
+    ),
+    # 11: the task's sandbox profile (fleet.containment).
+    (f"ALTER TABLE tasks ADD COLUMN sandbox {T}",),
 )
 
 VERSION = len(MIGRATIONS)

@@ -330,6 +330,31 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # since every process of that boot is gone, and need not wait for its lease.
         "ALTER TABLE tasks ADD COLUMN claim_boot TEXT",
     ),
+    (
+        # Schedules (fleet.schedules): what a timer adds, and each slot it fired, once.
+        """CREATE TABLE schedules (
+            name TEXT PRIMARY KEY,
+            on_calendar TEXT NOT NULL,
+            overlap TEXT NOT NULL CHECK (overlap IN ('skip', 'queue', 'allow')),
+            persistent INTEGER NOT NULL,
+            args TEXT NOT NULL,
+            cwd TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        ) WITHOUT ROWID""",
+        """CREATE TABLE schedule_runs (
+            schedule TEXT NOT NULL REFERENCES schedules(name) ON DELETE CASCADE,
+            slot TEXT NOT NULL,
+            manual INTEGER NOT NULL DEFAULT 0,
+            fired_at TEXT NOT NULL,
+            by TEXT NOT NULL,
+            outcome TEXT NOT NULL CHECK (outcome IN ('added', 'skipped')),
+            tasks TEXT NOT NULL DEFAULT '[]',
+            PRIMARY KEY (schedule, slot)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX schedule_runs_fired ON schedule_runs (schedule, fired_at)",
+    ),
+    # The task's sandbox profile (fleet.containment); null: its coder's, else the setting.
+    ("ALTER TABLE tasks ADD COLUMN sandbox TEXT",),
 )
 
 VERSION = len(MIGRATIONS)

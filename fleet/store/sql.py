@@ -52,6 +52,7 @@ from fleet.model import (
     TaskSpec,
 )
 from fleet.questions import not_pending
+from fleet.schedules import MANUAL, Schedule, ScheduleRun
 from fleet.store.base import (
     MERGE_CLAIM,
     BadSpec,
@@ -392,59 +393,63 @@ class SQLStore:
     # -- a person's changes ----------------------------------------------------------------
 
     def add(self, specs: Sequence[TaskSpec]) -> list[Task]:
+        with self._write() as db:
+            return self._add(db, specs)
+
+    def _add(self, db: Conn, specs: Sequence[TaskSpec]) -> list[Task]:
+        """`add` within the open write transaction `db`."""
         self._check_refs(specs)
         new_ids: list[str] = []
         now = now_iso()
-        with self._write() as db:
-            for i, spec in enumerate(specs):
-                named = (*spec.after, *((spec.parent,) if spec.parent else ()), *spec.merged_from)
-                for dep in named:
-                    if not dep.startswith("ref:") and not self._exists(db, dep):
-                        raise BadSpec(i, f"no task {dep}")
-                if spec.parent_waits and not spec.parent:
-                    raise BadSpec(i, "only a subtask's parent can wait for it")
-            for spec in specs:
-                new_ids.append(self._insert(db, spec, now))
-            refs = {s.ref: new_ids[i] for i, s in enumerate(specs) if s.ref}
+        for i, spec in enumerate(specs):
+            named = (*spec.after, *((spec.parent,) if spec.parent else ()), *spec.merged_from)
+            for dep in named:
+                if not dep.startswith("ref:") and not self._exists(db, dep):
+                    raise BadSpec(i, f"no task {dep}")
+            if spec.parent_waits and not spec.parent:
+                raise BadSpec(i, "only a subtask's parent can wait for it")
+        for spec in specs:
+            new_ids.append(self._insert(db, spec, now))
+        refs = {s.ref: new_ids[i] for i, s in enumerate(specs) if s.ref}
 
-            def real(dep: str) -> str:
-                return refs[dep[4:]] if dep.startswith("ref:") else dep
+        def real(dep: str) -> str:
+            return refs[dep[4:]] if dep.startswith("ref:") else dep
 
-            for i, spec in enumerate(specs):
-                if spec.parent:
-                    db.execute(
-                        "UPDATE tasks SET parent = ? WHERE id = ?", (real(spec.parent), new_ids[i])
-                    )
-                db.executemany(
-                    "INSERT INTO deps (task, after) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                    [(new_ids[i], self._heir(db, real(dep))) for dep in spec.after],
+        for i, spec in enumerate(specs):
+            if spec.parent:
+                db.execute(
+                    "UPDATE tasks SET parent = ? WHERE id = ?", (real(spec.parent), new_ids[i])
                 )
-                if spec.merged_from:
-                    db.execute(
-                        "UPDATE tasks SET merged_from = ? WHERE id = ?",
-                        (json.dumps(list(spec.merged_from)), new_ids[i]),
-                    )
-            for i, spec in enumerate(specs):
-                self._audit_added(db, new_ids[i], spec, real(spec.parent) if spec.parent else None)
-                if spec.parent and spec.parent_waits:
-                    try:
-                        self._check_dependency(db, real(spec.parent), new_ids[i])
-                    except FleetError as e:
-                        raise BadSpec(i, e.message, e.hint) from None
-                    db.execute(
-                        "INSERT INTO deps (task, after) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                        (real(spec.parent), new_ids[i]),
-                    )
-            if len(specs) > 50:
-                # Re-reading thousands of rows one by one would dominate a batch add.
-                rows = db.execute(
-                    f"SELECT {self.q.task_json} FROM tasks t WHERE t.seq > "
-                    "(SELECT seq FROM tasks WHERE id = ?) - 1 ORDER BY t.seq",
-                    (new_ids[0],),
-                ).fetchall()
-                by_id = {t.id: t for t in (Task.from_json(json.loads(r[0])) for r in rows)}
-                return [by_id[i] for i in new_ids]
-            return [self._fetch(db, i) for i in new_ids]
+            db.executemany(
+                "INSERT INTO deps (task, after) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                [(new_ids[i], self._heir(db, real(dep))) for dep in spec.after],
+            )
+            if spec.merged_from:
+                db.execute(
+                    "UPDATE tasks SET merged_from = ? WHERE id = ?",
+                    (json.dumps(list(spec.merged_from)), new_ids[i]),
+                )
+        for i, spec in enumerate(specs):
+            self._audit_added(db, new_ids[i], spec, real(spec.parent) if spec.parent else None)
+            if spec.parent and spec.parent_waits:
+                try:
+                    self._check_dependency(db, real(spec.parent), new_ids[i])
+                except FleetError as e:
+                    raise BadSpec(i, e.message, e.hint) from None
+                db.execute(
+                    "INSERT INTO deps (task, after) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    (real(spec.parent), new_ids[i]),
+                )
+        if len(specs) > 50:
+            # Re-reading thousands of rows one by one would dominate a batch add.
+            rows = db.execute(
+                f"SELECT {self.q.task_json} FROM tasks t WHERE t.seq > "
+                "(SELECT seq FROM tasks WHERE id = ?) - 1 ORDER BY t.seq",
+                (new_ids[0],),
+            ).fetchall()
+            by_id = {t.id: t for t in (Task.from_json(json.loads(r[0])) for r in rows)}
+            return [by_id[i] for i in new_ids]
+        return [self._fetch(db, i) for i in new_ids]
 
     def _audit_added(self, db: Conn, task_id: str, spec: TaskSpec, parent: str | None) -> None:
         self._audit(db, task_id, "added", title=spec.title, parent=parent)
@@ -520,7 +525,7 @@ class SQLStore:
             row = db.execute(
                 "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
                 " labels, created_at, updated_at, isolation, base, merge, max_cost_usd,"
-                " max_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " max_tokens, sandbox) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (id) DO NOTHING RETURNING seq",
                 (
                     task_id,
@@ -538,6 +543,7 @@ class SQLStore:
                     spec.merge,
                     spec.max_cost_usd,
                     spec.max_tokens,
+                    spec.sandbox,
                 ),
             ).fetchone()
             if row is not None:
@@ -1697,6 +1703,114 @@ class SQLStore:
             (task_id, task_id),
         )
 
+    # -- schedules ---------------------------------------------------------------------------
+
+    def add_schedule(self, schedule: Schedule) -> Schedule:
+        with self._write() as db:
+            # A name already taken inserts nothing (no error, which would end a PostgreSQL
+            # transaction).
+            row = db.execute(
+                "INSERT INTO schedules (name, on_calendar, overlap, persistent, args, cwd,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING"
+                " RETURNING name",
+                (
+                    schedule.name,
+                    schedule.on_calendar,
+                    schedule.overlap,
+                    int(schedule.persistent),
+                    json.dumps(list(schedule.args)),
+                    schedule.cwd,
+                    schedule.created_at,
+                ),
+            ).fetchone()
+            if row is None:
+                raise Conflict(
+                    f"schedule {schedule.name} exists",
+                    hint=f"fleet schedule rm {schedule.name} first, or choose another name",
+                )
+        return schedule
+
+    def schedules(self) -> list[Schedule]:
+        with self._read() as db:
+            rows = db.execute(f"SELECT {SCHEDULE_COLUMNS} FROM schedules ORDER BY name")
+            return [_schedule(r) for r in rows.fetchall()]
+
+    def schedule(self, name: str) -> Schedule:
+        with self._read() as db:
+            row = db.execute(
+                f"SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE name = ?", (name,)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"no schedule {name}", hint="fleet schedule ls lists them")
+        return _schedule(row)
+
+    def drop_schedule(self, name: str) -> None:
+        with self._write() as db:
+            if not db.execute("DELETE FROM schedules WHERE name = ?", (name,)).rowcount:
+                raise NotFound(f"no schedule {name}", hint="fleet schedule ls lists them")
+
+    def schedule_runs(
+        self, name: str, limit: int = 1, manual: bool = True, added: bool = False
+    ) -> list[ScheduleRun]:
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {RUN_COLUMNS} FROM schedule_runs WHERE schedule = ?"
+                + ("" if manual else " AND manual = 0")
+                + (" AND outcome = 'added'" if added else "")
+                + " ORDER BY fired_at DESC, slot DESC LIMIT ?",
+                (name, limit),
+            ).fetchall()
+        return [_run(r) for r in rows]
+
+    def fire(self, name: str, slot: str, specs: Sequence[TaskSpec]) -> ScheduleRun:
+        with self._write() as db:
+            row = db.execute(
+                f"SELECT {RUN_COLUMNS} FROM schedule_runs WHERE schedule = ? AND slot = ?",
+                (name, slot),
+            ).fetchone()
+            if row is not None:
+                return _run(row)._replace(fresh=False)
+            found = db.execute("SELECT overlap FROM schedules WHERE name = ?", (name,)).fetchone()
+            if found is None:
+                raise NotFound(f"no schedule {name}", hint="fleet schedule ls lists them")
+            overlap = str(found[0])
+            # The run before: the newest that added tasks (a skipped one added none).
+            before = db.execute(
+                "SELECT tasks FROM schedule_runs WHERE schedule = ? AND outcome = 'added'"
+                " ORDER BY fired_at DESC, slot DESC LIMIT 1",
+                (name,),
+            ).fetchone()
+            open_ids: list[str] = []
+            for task_id in json.loads(before[0]) if before else []:
+                heir = self._heir(db, task_id)
+                status = db.execute("SELECT status FROM tasks WHERE id = ?", (heir,)).fetchone()
+                if status is not None and status[0] in OPEN_STATUSES:
+                    open_ids.append(heir)
+            outcome, task_ids = "added", []
+            if open_ids and overlap == "skip":
+                outcome = "skipped"
+            else:
+                if open_ids and overlap == "queue":
+                    specs = [s._replace(after=(*s.after, *open_ids)) for s in specs]
+                task_ids = [t.id for t in self._add(db, specs)]
+            run = ScheduleRun(
+                name, slot, now_iso(), self.actor.by, outcome, tuple(task_ids), fresh=True
+            )
+            db.execute(
+                "INSERT INTO schedule_runs (schedule, slot, manual, fired_at, by, outcome, tasks)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    name,
+                    slot,
+                    int(slot.startswith(MANUAL)),
+                    run.fired_at,
+                    run.by,
+                    outcome,
+                    json.dumps(task_ids),
+                ),
+            )
+            return run
+
     # -- the outbox and leases ------------------------------------------------------------
 
     def spool(self, specs: Sequence[OutgoingSpec]) -> list[Outgoing]:
@@ -1875,6 +1989,22 @@ class SQLStore:
                 ).rowcount
                 > 0
             )
+
+
+SCHEDULE_COLUMNS = "name, on_calendar, overlap, persistent, args, cwd, created_at"
+RUN_COLUMNS = "schedule, slot, fired_at, by, outcome, tasks"
+# A schedule's run is open while one of its tasks may still run (fleet.schedules).
+OPEN_STATUSES = (Status.READY.value, Status.RUNNING.value, Status.MERGING.value)
+
+
+def _schedule(row: Sequence[Any]) -> Schedule:
+    name, spec, overlap, persistent, args, cwd, created = row
+    return Schedule(name, spec, overlap, bool(persistent), tuple(json.loads(args)), cwd, created)
+
+
+def _run(row: Sequence[Any]) -> ScheduleRun:
+    schedule, slot, fired_at, by, outcome, tasks = row
+    return ScheduleRun(schedule, slot, fired_at, by, outcome, tuple(json.loads(tasks)))
 
 
 def _state_words(task: Task) -> str:
