@@ -171,6 +171,7 @@ OUTBOX_COLUMNS = (
     "id, channel, target, event, body, task, question, created_at, tries, error, ref, settled,"
     " picked"
 )
+BULK_ADD = 500  # tasks in one add() that make it a batch (see `_grew`)
 KEEP_SENT_S = 30 * 86400  # how long a settled question's message still maps a late reply
 AUDIT_COLUMNS = ", ".join(f.name for f in AUDIT_FIELDS)
 
@@ -392,6 +393,16 @@ class SQLStore:
     # -- a person's changes ----------------------------------------------------------------
 
     def add(self, specs: Sequence[TaskSpec]) -> list[Task]:
+        added = self._add(specs)
+        if len(specs) >= BULK_ADD:
+            self._grew()
+        return added
+
+    def _grew(self) -> None:
+        """The tasks table grew by a batch: a backend whose planner needs fresh statistics
+        to keep claiming in index order (PostgreSQL) gathers them."""
+
+    def _add(self, specs: Sequence[TaskSpec]) -> list[Task]:
         self._check_refs(specs)
         new_ids: list[str] = []
         now = now_iso()
