@@ -563,3 +563,18 @@ def test_the_store_setting_in_the_configuration_file_picks_postgresql(
         titles = conn.execute(b"SELECT id, title FROM tasks").fetchall()
     assert titles == [(added.out.strip(), "in postgresql")]
     assert not (home / "fleet.db").exists()
+
+
+@pytest.mark.postgresql_only
+def test_a_batch_add_gathers_the_statistics_claims_are_planned_by(
+    backend: str, store: Store, home: Path, project: Path
+) -> None:
+    def analyzed() -> list[tuple[Any, ...]]:
+        return store_rows(
+            home, "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'tasks'"
+        )
+
+    store.add([spec(str(i), project) for i in range(10)])
+    assert analyzed() == [(False,)]
+    store.add([spec(str(i), project) for i in range(500)])
+    assert analyzed() == [(True,)]

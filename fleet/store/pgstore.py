@@ -246,6 +246,14 @@ class PGStore(SQLStore):
             )
         return version
 
+    def _grew(self) -> None:
+        # Until autovacuum gets to it, a table that grew by thousands of ready tasks looks
+        # nearly empty to the planner, which then reads every ready task (a bitmap scan and a
+        # sort) for each claim instead of the first ones in index order.
+        self._usable()
+        with self._errors():
+            self._conn.execute(b"ANALYZE tasks, deps")
+
     # -- transactions ------------------------------------------------------------------------
 
     @contextmanager

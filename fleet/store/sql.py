@@ -172,6 +172,7 @@ OUTBOX_COLUMNS = (
     "id, channel, target, event, body, task, question, created_at, tries, error, ref, settled,"
     " picked"
 )
+BULK_ADD = 500  # tasks in one add() that make it a batch (see `_grew`)
 KEEP_SENT_S = 30 * 86400  # how long a settled question's message still maps a late reply
 AUDIT_COLUMNS = ", ".join(f.name for f in AUDIT_FIELDS)
 
@@ -394,7 +395,14 @@ class SQLStore:
 
     def add(self, specs: Sequence[TaskSpec]) -> list[Task]:
         with self._write() as db:
-            return self._add(db, specs)
+            added = self._add(db, specs)
+        if len(specs) >= BULK_ADD:
+            self._grew()
+        return added
+
+    def _grew(self) -> None:
+        """The tasks table grew by a batch: a backend whose planner needs fresh statistics
+        to keep claiming in index order (PostgreSQL) gathers them."""
 
     def _add(self, db: Conn, specs: Sequence[TaskSpec]) -> list[Task]:
         """`add` within the open write transaction `db`."""
@@ -1809,7 +1817,9 @@ class SQLStore:
                     json.dumps(task_ids),
                 ),
             )
-            return run
+        if len(task_ids) >= BULK_ADD:
+            self._grew()
+        return run
 
     # -- the outbox and leases ------------------------------------------------------------
 
