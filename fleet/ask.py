@@ -26,7 +26,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from fleet import inputs, questions, taskdir
+from fleet import coordination, inputs, questions, taskdir
 from fleet.asktools import TOOLS
 from fleet.errors import FleetError, InputError
 from fleet.events import MSG_ANSWER, MSG_QUESTION
@@ -407,6 +407,31 @@ def server(asker: Asker) -> MCPServer:
     ) -> str:
         with for_the_agent():
             return asker.handoff(coder, model, context)
+
+    @tool
+    def claim(
+        resource: Annotated[
+            str, Field(description="What you will change: a path, a module, or a name.")
+        ],
+        ttl_seconds: Annotated[
+            float, Field(description="How long the lease lasts unless released or renewed.")
+        ] = coordination.DEFAULT_LEASE_S,
+        note: Annotated[str, Field(description="What you are doing with it, for others.")] = "",
+    ) -> str:
+        with for_the_agent():
+            return coordination.claim(asker.store, asker.task_id, resource, ttl_seconds, note)
+
+    @tool
+    def release(
+        resource: Annotated[str, Field(description="The resource you claimed.")],
+    ) -> str:
+        with for_the_agent():
+            return coordination.release(asker.store, asker.task_id, resource)
+
+    @tool
+    def claims() -> str:
+        with for_the_agent():
+            return coordination.listing(asker.store, asker.task_id)
 
     if sorted(served) != sorted(TOOLS):
         raise RuntimeError(f"fleet-ask serves {served}, but fleet.asktools declares {[*TOOLS]}")

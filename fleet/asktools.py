@@ -89,6 +89,26 @@ first, and say in `context` what is done and what is left. If fleet refuses, the
 why and you carry on.
 """
 
+CLAIM = """\
+Claim an advisory lease on a resource before you change it, so that other agents working in
+the same directory leave it alone: a path ("fleet/run.py", "docs/"), a module, or any agreed
+name ("db-migrations"). Exactly one task holds a resource at a time. The lease lasts
+ttl_seconds, until you release it, or until this attempt ends; claim again to extend it.
+
+If another task holds it, the claim is refused and the result names that task, its note and
+when its lease runs out: then work on something else, or send it a message, and claim later.
+Leases are advisory: nothing stops an edit, so claim before editing shared areas.
+"""
+
+RELEASE = """\
+Release your lease on a resource as soon as you are done with it, so another agent can claim
+it.
+"""
+
+CLAIMS = """\
+List the leases in force in this task's directory: each resource, the task holding it, its
+note and when it runs out.
+"""
 
 TOOLS: dict[str, Tool] = {
     t.name: t
@@ -104,6 +124,9 @@ TOOLS: dict[str, Tool] = {
         ),
         Tool("spawn_subtask", "add a subtask to the queue, maybe waiting for it", SPAWN),
         Tool("handoff", "hand the task over to another coder or model", HANDOFF),
+        Tool("claim", "take an advisory lease on a resource (a path, a module, a name)", CLAIM),
+        Tool("release", "release a lease on a resource", RELEASE),
+        Tool("claims", "list the leases in force in the task's directory", CLAIMS),
     )
 }
 

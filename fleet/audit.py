@@ -152,6 +152,19 @@ ACTIONS: dict[str, Action] = {
         "A fleet task was changed",
         "@FLEET_BY@ changed fields of fleet task @FLEET_TASK_ID@ (FLEET_FIELDS names them).",
     ),
+    "leased": Action(
+        "5b0f4a3e9c2d4e8a8f61d0c7b2a94e13",
+        "A fleet task's agent claimed a resource",
+        "The agent of fleet task @FLEET_TASK_ID@ holds the advisory lease on @FLEET_RESOURCE@"
+        " (in the task's directory) until @FLEET_UNTIL@, its release, or the end of its"
+        " attempt; other agents' claims of it are refused meanwhile. `fleet claims` lists"
+        " the leases in force.",
+    ),
+    "lease-released": Action(
+        "a7c3e1d95b2f4c06b8e4f9a1d3c56e70",
+        "A fleet task's agent released a resource",
+        "The agent of fleet task @FLEET_TASK_ID@ released its lease on @FLEET_RESOURCE@.",
+    ),
 }
 # Written by the program that did it, with its own MESSAGE_ID (fleet.events) and fields.
 JOURNALED_ELSEWHERE = ("started", "asked", "answered")
@@ -188,6 +201,8 @@ def describe(row: Row) -> str:
         "merged-back": lambda: f": {d.get('state')} {str(d.get('commit') or '')[:12]}".rstrip(),
         "merge-blocked": lambda: f": {d.get('state')}",
         "merge-waits": lambda: f": {d.get('reason')}",
+        "leased": lambda: f" {d.get('resource')} until {d.get('until')}",
+        "lease-released": lambda: f" {d.get('resource')}",
         "merged": lambda: (
             f" from {' '.join(d['from'])}" if "from" in d else f" into {d.get('into')}"
         ),

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from fleet import (
     checkpoints,
     coders,
+    coordination,
     ids,
     lineage,
     live,
@@ -648,6 +649,8 @@ def _attempt(paths: Paths, config: Config, store: Store, task_id: str) -> int:
     if notes:
         prompt = prompt.rstrip("\n") + "\n\n" + notes
     plan = resumption(store, task, coder_name, previous)
+    if plan:  # the leases its checkpoint saved, taken back where still free (fleet.coordination)
+        plan = coordination.resumed_with_claims(store, task.id, plan)
     resume = plan.session if plan and coder.resumes else None
     baseline = store.session_totals(task.id, resume) if resume else None
     fresh = prompt + ("\n" + plan.fresh_note if plan else "")

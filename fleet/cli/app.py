@@ -190,6 +190,7 @@ MODULES = {
     "cancel": "change",
     "checkpoint": "suspend",
     "checkpoints": "suspend",
+    "claims": "coord",
     "close": "change",
     "config": "config_cmd",
     "doctor": "setup",

@@ -42,7 +42,9 @@ Semantics every backend must keep (the SQLite one today, PostgreSQL later):
   with its tries and last error, until `spool_sent`; a question's message is then kept, with
   the channel's message id, until it has been edited to show how the question was settled;
 - a lease has one holder at a time: another owner takes it only once it has run out, and only
-  its holder changes the value it carries (which outlives the holder).
+  its holder changes the value it carries (which outlives the holder);
+- what agents coordinate with (leases on resources, `Coordinating`) keeps the invariants of
+  fleet.store.coord.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from fleet.model import (
     TaskEdit,
     TaskSpec,
 )
+from fleet.store.coord import Coordinating
 
 Count = Literal["failure", "noclose"]
 
@@ -136,7 +139,7 @@ class Lease(NamedTuple):
     value: str | None
 
 
-class Store(Protocol):
+class Store(Coordinating, Protocol):
     actor: Actor  # whom the audit trail names for this connection's changes
 
     def close(self) -> None: ...

@@ -324,6 +324,32 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "INSERT INTO gate_log (name, kind, reason, started_at, until)"
         " SELECT name, kind, reason, created_at, until FROM gates",
     ),
+    (
+        # Advisory leases on resources (a path, a module, "db-migrations") that agents claim
+        # in their task's directory (`scope`): one holder per name, by the task's attempt,
+        # until `until` or that attempt's end (fleet.store.coord); and the leases each
+        # checkpoint saw, for the attempt that resumes from it.
+        """CREATE TABLE resource_claims (
+            scope TEXT NOT NULL,
+            resource TEXT NOT NULL,
+            task TEXT NOT NULL REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            note TEXT NOT NULL DEFAULT '',
+            claimed_at TEXT NOT NULL,
+            until TEXT NOT NULL,
+            PRIMARY KEY (scope, resource)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX resource_claims_task ON resource_claims (task)",
+        """CREATE TABLE checkpoint_claims (
+            task TEXT NOT NULL,
+            n INTEGER NOT NULL,
+            resource TEXT NOT NULL,
+            note TEXT NOT NULL DEFAULT '',
+            seconds REAL NOT NULL,
+            PRIMARY KEY (task, n, resource),
+            FOREIGN KEY (task, n) REFERENCES checkpoints (task, n)
+        ) WITHOUT ROWID""",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

@@ -1,0 +1,215 @@
+"""How agents coordinate through the store: advisory leases on resources.
+
+A lease (`ResourceClaim`) is an agent's word that it works on a resource — a path, a module,
+"db-migrations", any name — within its task's directory (the lease's `scope`). Invariants:
+- a resource has at most one holder: a claim is one INSERT … ON CONFLICT DO UPDATE whose
+  WHERE takes the row over only if it is the claimer's own or no longer in force, so however
+  many claimers race, exactly one wins (compare-and-set, the same on any SQL backend);
+- a lease is in force until `until`, its release, or the end of the attempt that took it (the
+  attempt's row has `ended_at`): nothing has to clean up after a dead agent, and `finish`
+  needs no change;
+- a checkpoint saves the task's leases in force (`checkpoint_claims`), with the seconds each
+  had left, so that the attempt that resumes from it can take them again where still free.
+
+The interface is `Coordinating` (part of `fleet.store.base.Store`); `SQLiteCoordination` is
+its implementation, mixed into the SQLite store, on that store's transactions and audit trail.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from fleet.errors import Conflict
+from fleet.model import Field
+from fleet.timeutil import iso, now_iso, parse
+
+if TYPE_CHECKING:
+    from fleet.model import Task
+
+CLAIM_FIELDS = (
+    Field("scope", "text", "The directory of the holder's task: leases are per directory."),
+    Field("resource", "text", "What is claimed: a path, a module, or any agreed name."),
+    Field("task", "text", "The task whose agent holds the lease."),
+    Field("attempt", "int", "The attempt that took it; the lease ends with that attempt."),
+    Field("note", "text", "What the holder said it does with the resource (may be empty)."),
+    Field("claimed_at", "text", "When the holder first took it (UTC ISO 8601)."),
+    Field("until", "text", "When the lease runs out unless renewed or released."),
+)
+
+
+class ResourceClaim(NamedTuple):
+    scope: str  # the holder's task directory
+    resource: str
+    task: str
+    attempt: int
+    note: str
+    claimed_at: str
+    until: str
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+    def left(self, now: float | None = None) -> float:
+        """Seconds until the lease runs out."""
+        return max(0.0, parse(self.until) - (time.time() if now is None else now))
+
+
+class Claimed(NamedTuple):
+    """What a claim found: whether the claimer holds the resource now, and who does."""
+
+    won: bool
+    holder: ResourceClaim
+
+
+class SavedClaim(NamedTuple):
+    resource: str
+    note: str
+    seconds: float  # what the lease had left when the checkpoint was taken
+
+
+class Coordinating(Protocol):
+    def claim_resource(self, task_id: str, resource: str, seconds: float, note: str) -> Claimed:
+        """Take (or renew) the lease on `resource` in the task's directory for `seconds`,
+        for its running attempt, unless another task's lease is in force; Conflict if the task
+        is not running."""
+        ...
+
+    def release_resource(self, task_id: str, resource: str) -> bool:
+        """End the task's lease on `resource`; whether it held one in force."""
+        ...
+
+    def resource_claims(
+        self, scope: str | None = None, task_id: str | None = None
+    ) -> list[ResourceClaim]:
+        """Leases in force (in `scope`, of `task_id`), by directory, then oldest first."""
+        ...
+
+    def save_claims(self, task_id: str, n: int) -> list[SavedClaim]:
+        """Record with checkpoint `n` the task's leases in force."""
+        ...
+
+    def saved_claims(self, task_id: str, n: int) -> list[SavedClaim]: ...
+
+
+# A lease in force: not run out, and its attempt still going.
+IN_FORCE = (
+    "c.until > ? AND EXISTS (SELECT 1 FROM attempts a"
+    " WHERE a.task = c.task AND a.n = c.attempt AND a.ended_at IS NULL)"
+)
+MINE = "(c.task = excluded.task AND c.attempt = excluded.attempt)"  # a renewal
+CLAIM_COLUMNS = "c.scope, c.resource, c.task, c.attempt, c.note, c.claimed_at, c.until"
+
+
+class SQLiteCoordination:
+    """`Coordinating` on the SQLite store's connection (mixed into SQLiteStore)."""
+
+    if TYPE_CHECKING:
+
+        def _write(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+        def _read(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+        def _fetch(self, db: sqlite3.Connection, task_id: str) -> Task: ...
+
+        def _audit(
+            self, db: sqlite3.Connection, task_id: str, action: str, **detail: Any
+        ) -> None: ...
+
+    def claim_resource(self, task_id: str, resource: str, seconds: float, note: str) -> Claimed:
+        now = time.time()
+        with self._write() as db:
+            task = self._fetch(db, task_id)
+            if task.status != "running" or not task.claimed_by:
+                raise Conflict(
+                    f"{task_id} is {task.status}, not running: only a running task holds leases"
+                )
+            db.execute(
+                "INSERT INTO resource_claims AS c"
+                " (scope, resource, task, attempt, note, claimed_at, until)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (scope, resource) DO UPDATE SET"
+                " task = excluded.task, attempt = excluded.attempt, note = excluded.note,"
+                f" claimed_at = CASE WHEN {MINE} THEN c.claimed_at ELSE excluded.claimed_at END,"
+                f" until = excluded.until WHERE {MINE} OR NOT ({IN_FORCE})",
+                (
+                    task.cwd,
+                    resource,
+                    task_id,
+                    task.attempts,
+                    note,
+                    iso(now),
+                    iso(now + seconds),
+                    iso(now),
+                ),
+            )
+            row = db.execute(
+                f"SELECT {CLAIM_COLUMNS} FROM resource_claims c"
+                " WHERE c.scope = ? AND c.resource = ?",
+                (task.cwd, resource),
+            ).fetchone()
+            holder = ResourceClaim(*row)
+            won = holder.task == task_id and holder.attempt == task.attempts
+            if won:
+                self._audit(
+                    db, task_id, "leased", resource=resource, until=holder.until, note=note or None
+                )
+        return Claimed(won, holder)
+
+    def release_resource(self, task_id: str, resource: str) -> bool:
+        with self._write() as db:
+            task = self._fetch(db, task_id)
+            gone = db.execute(
+                f"DELETE FROM resource_claims AS c WHERE c.scope = ? AND c.resource = ?"
+                f" AND c.task = ? AND {IN_FORCE} RETURNING resource",
+                (task.cwd, resource, task_id, now_iso()),
+            ).fetchone()
+            # A lease that ran out (or whose attempt ended) is gone all the same.
+            db.execute(
+                "DELETE FROM resource_claims WHERE scope = ? AND resource = ? AND task = ?",
+                (task.cwd, resource, task_id),
+            )
+            if gone is not None:
+                self._audit(db, task_id, "lease-released", resource=resource)
+        return gone is not None
+
+    def resource_claims(
+        self, scope: str | None = None, task_id: str | None = None
+    ) -> list[ResourceClaim]:
+        where, args = [IN_FORCE], [now_iso()]
+        if scope is not None:
+            where.append("c.scope = ?")
+            args.append(scope)
+        if task_id is not None:
+            where.append("c.task = ?")
+            args.append(task_id)
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {CLAIM_COLUMNS} FROM resource_claims c WHERE {' AND '.join(where)}"
+                " ORDER BY c.scope, c.claimed_at, c.resource",
+                args,
+            ).fetchall()
+        return [ResourceClaim(*r) for r in rows]
+
+    def save_claims(self, task_id: str, n: int) -> list[SavedClaim]:
+        now = time.time()
+        held = self.resource_claims(task_id=task_id)
+        saved = [SavedClaim(c.resource, c.note, round(c.left(now), 3)) for c in held]
+        with self._write() as db:
+            db.executemany(
+                "INSERT INTO checkpoint_claims (task, n, resource, note, seconds)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (task, n, resource)"
+                " DO UPDATE SET note = excluded.note, seconds = excluded.seconds",
+                [(task_id, n, *s) for s in saved],
+            )
+        return saved
+
+    def saved_claims(self, task_id: str, n: int) -> list[SavedClaim]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT resource, note, seconds FROM checkpoint_claims WHERE task = ? AND n = ?"
+                " ORDER BY resource",
+                (task_id, n),
+            ).fetchall()
+        return [SavedClaim(*r) for r in rows]

@@ -1,0 +1,195 @@
+"""Agents that coordinate: leases on resources in the store, through the real fleet-ask MCP
+server and `fleet claims` (the real coder CLIs at it are in test_coord_agents.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet import checkpoints, coordination
+from fleet.errors import Conflict, InputError
+from fleet.model import AttemptEnd, Status, TaskSpec
+from fleet.paths import resolve
+from fleet.store import Store, open_store
+from fleet.store.coord import CLAIM_FIELDS
+from tests.conftest import Fleet, run_fleet
+from tests.test_questions import agent
+
+RACERS = 20
+
+
+@pytest.fixture
+def store(home: Path) -> Iterator[Store]:
+    s = open_store(resolve())
+    yield s
+    s.close()
+
+
+def running(store: Store, cwd: Path, title: str = "t", parent: str | None = None) -> str:
+    """A task claimed as fleet-run claims it (its attempt open)."""
+    (task,) = store.add([TaskSpec(title=title, cwd=str(cwd), coder="command", parent=parent)])
+    assert store.claim_task(task.id, f"runner-{task.id}", 60, "command", None) is not None
+    return task.id
+
+
+def end(store: Store, task_id: str) -> None:
+    store.finish(task_id, f"runner-{task_id}", AttemptEnd("success"), Status.READY)
+
+
+async def call(session: Any, name: str, **arguments: Any) -> tuple[str, bool]:
+    result = await session.call_tool(name, arguments)
+    return "".join(getattr(b, "text", "") for b in result.content), bool(result.is_error)
+
+
+# ---------------------------------------------------------------------- the store
+
+
+def _racer(task_id: str, start: Any, out: Any) -> None:
+    store = open_store(resolve())
+    start.wait()
+    won, holder = store.claim_resource(task_id, "fleet/run.py", 60, f"by {task_id}")
+    store.close()
+    out.put((task_id, won, holder.task))
+
+
+def test_of_twenty_racing_claimers_exactly_one_wins(store: Store, project: Path) -> None:
+    tasks = [running(store, project, f"racer {i}") for i in range(RACERS)]
+    ctx = mp.get_context("fork")  # each opens its own store, as each fleet-ask does
+    start = ctx.Event()
+    out: Any = ctx.Queue()
+    procs = [ctx.Process(target=_racer, args=(t, start, out)) for t in tasks]
+    for p in procs:
+        p.start()
+    start.set()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    winners = [t for t, won, _ in results if won]
+    assert len(winners) == 1
+    # Every loser was told the winner's name.
+    assert {holder for _, _, holder in results} == set(winners)
+    (held,) = store.resource_claims()
+    assert (held.task, held.resource, held.note) == (winners[0], "fleet/run.py", f"by {winners[0]}")
+
+
+def test_a_lease_ends_at_its_time_on_release_or_with_its_attempt(
+    store: Store, project: Path
+) -> None:
+    first, second = running(store, project), running(store, project)
+    won, holder = store.claim_resource(first, "db-migrations", 60, "adding a column")
+    assert won and holder.task == first
+    won, holder = store.claim_resource(second, "db-migrations", 60, "")
+    assert not won and (holder.task, holder.note) == (first, "adding a column")
+    # The holder renews its own lease; the other still cannot take it.
+    assert store.claim_resource(first, "db-migrations", 120, "still at it").won
+    assert not store.claim_resource(second, "db-migrations", 60, "").won
+    assert store.release_resource(first, "db-migrations")
+    assert not store.release_resource(first, "db-migrations")  # nothing left to release
+    assert store.claim_resource(second, "db-migrations", 60, "mine now").won
+    # The end of the holder's attempt ends its leases, with no clean-up.
+    end(store, second)
+    assert store.resource_claims() == []
+    assert store.claim_resource(first, "db-migrations", 60, "").won
+    # A lease that has run out is anyone's.
+    third = running(store, project)
+    db = sqlite3.connect(resolve().db)
+    db.execute("UPDATE resource_claims SET until = '2000-01-01T00:00:00.000Z'")
+    db.commit()
+    db.close()
+    assert store.resource_claims() == []
+    assert store.claim_resource(third, "db-migrations", 60, "").won
+
+
+def test_leases_are_per_directory_and_only_for_running_tasks(
+    store: Store, project: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    here, there = running(store, project), running(store, other)
+    assert store.claim_resource(here, "README.md", 60, "").won
+    assert store.claim_resource(there, "README.md", 60, "").won
+    assert [c.scope for c in store.resource_claims()] == sorted([str(project), str(other)])
+    assert [c.task for c in store.resource_claims(scope=str(other))] == [there]
+    end(store, here)
+    with pytest.raises(Conflict, match="not running"):
+        store.claim_resource(here, "README.md", 60, "")
+    actions = [e.action for e in store.history(there)]
+    assert "leased" in actions
+
+
+def test_a_checkpoint_saves_the_leases_and_the_resumed_attempt_takes_them_back(
+    store: Store, project: Path
+) -> None:
+    task = running(store, project)
+    store.claim_resource(task, "src/a.py", 600, "refactoring")
+    store.claim_resource(task, "src/b.py", 600, "")
+    cp = checkpoints.take(store, task, "agent", "halfway")
+    assert [s.resource for s in store.saved_claims(task, cp.n)] == ["src/a.py", "src/b.py"]
+    end(store, task)
+    # Meanwhile another agent took one of them.
+    rival = running(store, project)
+    assert store.claim_resource(rival, "src/b.py", 60, "mine").won
+    assert store.claim_task(task, f"runner-{task}", 60, "command", None) is not None
+    plan = checkpoints.plan(store.checkpoint(task, cp.n), "command", [], "resumed")
+    plan = coordination.resumed_with_claims(store, task, plan)
+    assert [c.resource for c in store.resource_claims(task_id=task)] == ["src/a.py"]
+    for prompt in (plan.resumed_prompt, plan.fresh_note):
+        assert "taken back for you:\n- src/a.py" in prompt
+        assert f"src/b.py held by task {rival}" in prompt and ": mine" in prompt
+
+
+# ---------------------------------------------------------------------- the tools, the CLI
+
+
+def test_the_agents_claim_release_and_list_through_fleet_ask(
+    fleet: Fleet, store: Store, project: Path
+) -> None:
+    first, second = running(store, project), running(store, project)
+
+    async def scenario() -> None:
+        async with agent(first) as one, agent(second) as two:
+            text, error = await call(one, "claim", resource="fleet/run.py", note="the loop")
+            assert not error and text.startswith("Claimed fleet/run.py until ")
+            text, error = await call(two, "claim", resource="fleet/run.py", ttl_seconds=60)
+            assert not error and text.startswith(f"Refused: fleet/run.py held by task {first}")
+            assert ": the loop." in text and " s left)" in text
+            text, _ = await call(two, "claims")
+            assert f"- fleet/run.py held by task {first}" in text and "(yours)" not in text
+            text, _ = await call(one, "claims")
+            assert "(yours)" in text
+            text, error = await call(two, "claim", resource="x", ttl_seconds=0)
+            assert error and "ttl_seconds must be from 1" in text
+            text, error = await call(two, "claim", resource="a\x1bb")
+            assert error and "control characters" in text
+            assert (await call(one, "release", resource="fleet/run.py"))[0] == (
+                "Released fleet/run.py."
+            )
+            text, _ = await call(two, "claim", resource="fleet/run.py")
+            assert text.startswith("Claimed")
+
+    asyncio.run(scenario())
+    listed = json.loads(fleet.ok("claims", "--json"))
+    assert [(c["resource"], c["task"], c["scope"]) for c in listed] == [
+        ("fleet/run.py", second, str(project))
+    ]
+    assert set(listed[0]) == {f.name for f in CLAIM_FIELDS}
+    table = run_fleet("claims")
+    assert table.code == 0 and "fleet/run.py" in table.out and second in table.out
+    assert json.loads(fleet.ok("claims", "--json", "--dir", "/nowhere")) == []
+
+
+def test_bad_lease_input_is_refused_before_the_store() -> None:
+    with pytest.raises(InputError, match="resource is empty"):
+        coordination.resource("  ")
+    with pytest.raises(InputError, match="longer than"):
+        coordination.resource("x" * 301)
+    with pytest.raises(InputError):
+        coordination.lease_seconds(86401)
