@@ -325,6 +325,10 @@ def server(asker: Asker) -> MCPServer:
     app = MCPServer("fleet", instructions=INSTRUCTIONS)
     served: list[str] = []
 
+    def mail(result: str) -> str:
+        """Every tool's result brings the messages that arrived meanwhile: no polling."""
+        return coordination.with_messages(asker.store, asker.task_id, result)
+
     def tool(func: F) -> F:
         """Serve `func` as the tool of its name, with the registry's description."""
         app.tool(description=TOOLS[func.__name__].description, structured_output=False)(func)
@@ -347,28 +351,28 @@ def server(asker: Asker) -> MCPServer:
         ] = False,
     ) -> str:
         with for_the_agent():
-            return await asker.ask(question, kind, options, multi_select, ctx)
+            return mail(await asker.ask(question, kind, options, multi_select, ctx))
 
     @tool
     def notify_human(
         message: Annotated[str, Field(description="What the person should know.")],
     ) -> str:
         with for_the_agent():
-            return asker.notify(message)
+            return mail(asker.notify(message))
 
     @tool
     def task_done(
         summary: Annotated[str, Field(description="What was done and how it was checked.")],
     ) -> str:
         with for_the_agent():
-            return asker.close(summary)
+            return mail(asker.close(summary))
 
     @tool
     def task_blocked(
         reason: Annotated[str, Field(description="What a person must do to unblock it.")],
     ) -> str:
         with for_the_agent():
-            return asker.block(reason)
+            return mail(asker.block(reason))
 
     @tool
     def checkpoint(
@@ -378,7 +382,7 @@ def server(asker: Asker) -> MCPServer:
         ],
     ) -> str:
         with for_the_agent():
-            return asker.checkpoint(summary)
+            return mail(asker.checkpoint(summary))
 
     @tool
     def spawn_subtask(
@@ -395,7 +399,7 @@ def server(asker: Asker) -> MCPServer:
         ] = False,
     ) -> str:
         with for_the_agent():
-            return asker.spawn(title, description, coder, model, depends)
+            return mail(asker.spawn(title, description, coder, model, depends))
 
     @tool
     def handoff(
@@ -406,7 +410,7 @@ def server(asker: Asker) -> MCPServer:
         model: Annotated[str | None, Field(description="The model (default: the coder's).")] = None,
     ) -> str:
         with for_the_agent():
-            return asker.handoff(coder, model, context)
+            return mail(asker.handoff(coder, model, context))
 
     @tool
     def claim(
@@ -419,19 +423,36 @@ def server(asker: Asker) -> MCPServer:
         note: Annotated[str, Field(description="What you are doing with it, for others.")] = "",
     ) -> str:
         with for_the_agent():
-            return coordination.claim(asker.store, asker.task_id, resource, ttl_seconds, note)
+            return mail(coordination.claim(asker.store, asker.task_id, resource, ttl_seconds, note))
 
     @tool
     def release(
         resource: Annotated[str, Field(description="The resource you claimed.")],
     ) -> str:
         with for_the_agent():
-            return coordination.release(asker.store, asker.task_id, resource)
+            return mail(coordination.release(asker.store, asker.task_id, resource))
 
     @tool
     def claims() -> str:
         with for_the_agent():
-            return coordination.listing(asker.store, asker.task_id)
+            return mail(coordination.listing(asker.store, asker.task_id))
+
+    @tool
+    def send_message(
+        to: Annotated[
+            str,
+            Field(description="A task id, or parent, children, siblings or all (running tasks)."),
+        ],
+        text: Annotated[str, Field(description="The message, complete on its own.")],
+    ) -> str:
+        with for_the_agent():
+            sent = coordination.send(asker.store, asker.task_id, asker.task_id, to, text)
+            return mail(coordination.sent_text(sent))
+
+    @tool
+    def read_messages() -> str:
+        with for_the_agent():
+            return coordination.read(asker.store, asker.task_id)
 
     if sorted(served) != sorted(TOOLS):
         raise RuntimeError(f"fleet-ask serves {served}, but fleet.asktools declares {[*TOOLS]}")

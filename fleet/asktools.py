@@ -109,6 +109,18 @@ CLAIMS = """\
 List the leases in force in this task's directory: each resource, the task holding it, its
 note and when it runs out.
 """
+SEND = """\
+Send a message to the agents of other tasks: `to` is a task id, `parent` (the task that
+spawned this one), `children` (its running subtasks), `siblings` (the other running subtasks
+of its parent) or `all` (every running task). Tell them what they need: a finding that
+changes their work, a question, that you are done with something they wait for. Keep it
+short and complete on its own; the person sees it too.
+"""
+
+READ = """\
+Read the messages sent to this task since you last saw any. You rarely need it: the result
+of every fleet tool call already ends with the messages that arrived meanwhile.
+"""
 
 TOOLS: dict[str, Tool] = {
     t.name: t
@@ -127,6 +139,8 @@ TOOLS: dict[str, Tool] = {
         Tool("claim", "take an advisory lease on a resource (a path, a module, a name)", CLAIM),
         Tool("release", "release a lease on a resource", RELEASE),
         Tool("claims", "list the leases in force in the task's directory", CLAIMS),
+        Tool("send_message", "message a task, its parent, children, siblings or all", SEND),
+        Tool("read_messages", "read the messages that arrived since the last read", READ),
     )
 }
 

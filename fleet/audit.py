@@ -165,6 +165,13 @@ ACTIONS: dict[str, Action] = {
         "A fleet task's agent released a resource",
         "The agent of fleet task @FLEET_TASK_ID@ released its lease on @FLEET_RESOURCE@.",
     ),
+    "messaged": Action(
+        "3e9b7d2c6a1f4b58a0c4e2f7d91b6a35",
+        "A message was sent to a fleet task's agent",
+        "@FLEET_SENDER@ sent message @FLEET_MESSAGE@ to the agent of fleet task"
+        " @FLEET_TASK_ID@; the agent sees it with the result of its next fleet tool call (or"
+        " read_messages). `fleet messages @FLEET_TASK_ID@` lists them.",
+    ),
 }
 # Written by the program that did it, with its own MESSAGE_ID (fleet.events) and fields.
 JOURNALED_ELSEWHERE = ("started", "asked", "answered")
@@ -203,6 +210,7 @@ def describe(row: Row) -> str:
         "merge-waits": lambda: f": {d.get('reason')}",
         "leased": lambda: f" {d.get('resource')} until {d.get('until')}",
         "lease-released": lambda: f" {d.get('resource')}",
+        "messaged": lambda: f": message {d.get('message')} from {d.get('sender')}",
         "merged": lambda: (
             f" from {' '.join(d['from'])}" if "from" in d else f" into {d.get('into')}"
         ),

@@ -1,17 +1,21 @@
-"""What an agent's coordination tools say and check: leases on resources, in words a model
-reads (fleet-ask serves them; `fleet claims` lists the same leases for a person).
+"""What an agent's coordination tools say and check: leases on resources and messages, in
+words a model reads (fleet-ask serves them; `fleet claims`, `fleet message` and `fleet
+messages` are the same for a person).
 
-Every text an agent gives passes fleet.inputs, as all it writes does. A refused claim names
-the holder, its note and when the lease runs out, so the agent can decide without asking.
+Every text an agent or a person gives passes fleet.inputs, as all they write does (an agent's
+is redacted there). A refused claim names the holder, its note and when the lease runs out,
+so the agent can decide without asking. A message reaches its agent with the result of its
+next fleet tool call (`with_messages`), so an agent never has to poll for them.
 """
 
 from __future__ import annotations
 
 from fleet import inputs
 from fleet.checkpoints import Resumption
-from fleet.errors import InputError
-from fleet.store import Store
-from fleet.store.coord import ResourceClaim, SavedClaim
+from fleet.errors import InputError, NotFound
+from fleet.model import Status
+from fleet.store import Store, TaskFilter
+from fleet.store.coord import Message, ResourceClaim, SavedClaim
 
 MAX_RESOURCE = 300
 MAX_NOTE = 500
@@ -108,3 +112,95 @@ def restore(store: Store, task_id: str, saved: list[SavedClaim]) -> str:
             " claim them again before you edit those areas:\n" + "\n".join(lost)
         )
     return text + "\n"
+
+
+# -- messages ----------------------------------------------------------------------------------
+
+GROUPS = ("parent", "children", "siblings", "all")
+
+
+def message_text(text: str) -> str:
+    return inputs.text("message", text, inputs.MAX_REASON, required=True)
+
+
+def running_tasks(store: Store) -> list[str]:
+    return [t.id for t in store.tasks(TaskFilter(statuses=(Status.RUNNING,)))]
+
+
+def recipients(store: Store, sender_task: str | None, to: str) -> list[str]:
+    """The full ids `to` names: a task (id or prefix, whatever its status: it reads them when
+    it next runs), `parent`, or the running `children`, `siblings` or `all` tasks (the sender
+    aside). InputError if that names nobody."""
+    to = to.strip()
+    if to not in GROUPS:
+        try:
+            return [store.resolve(inputs.one_line("recipient", to, 100))]
+        except NotFound:
+            raise InputError(
+                f"no task {to}", hint=f"name a task id, or one of {', '.join(GROUPS)}"
+            ) from None
+    found = [t for t in group(store, sender_task, to) if t != sender_task]
+    if not found:
+        raise InputError(
+            f"no running task to send to as {to!r}",
+            hint="list_agents (or `fleet ls`) shows which tasks run now",
+        )
+    return found
+
+
+def group(store: Store, sender_task: str | None, to: str) -> list[str]:
+    if to == "all":
+        return running_tasks(store)
+    if sender_task is None:
+        raise InputError(f"only a task's agent can send to its {to}", hint="name a task id")
+    me = store.get(sender_task)
+    if to == "children":
+        return [t.id for t in store.children(me.id) if t.status == Status.RUNNING]
+    if me.parent is None:
+        raise InputError(
+            f"{me.id} has no parent task" + (", so no siblings" if to != "parent" else "")
+        )
+    if to == "parent":
+        return [me.parent]
+    return [t.id for t in store.children(me.parent) if t.status == Status.RUNNING]
+
+
+def send(store: Store, sender: str, sender_task: str | None, to: str, text: str) -> list[Message]:
+    text = message_text(text)
+    return store.send_messages(recipients(store, sender_task, to), text, sender, sender_task)
+
+
+def sent_text(sent: list[Message]) -> str:
+    return (
+        f"Sent to {', '.join(m.recipient for m in sent)}. Replies come with your next tool results."
+    )
+
+
+def shown(messages: list[Message]) -> str:
+    """Messages as an agent reads them."""
+    return "\n".join(
+        f"- message {m.id} from {m.sender} at {m.sent_at}:\n  " + m.text.replace("\n", "\n  ")
+        for m in messages
+    )
+
+
+def read(store: Store, task_id: str) -> str:
+    got = store.take_messages(task_id)
+    if not got:
+        return "No new messages."
+    return "New messages:\n" + shown(got)
+
+
+def with_messages(store: Store, task_id: str, result: str) -> str:
+    """A tool's result, followed by the messages that arrived for the task since the last
+    (the check is a read, so a tool call with none waiting takes no write lock)."""
+    if not store.has_messages(task_id):
+        return result
+    got = store.take_messages(task_id)
+    if not got:
+        return result
+    return (
+        result.rstrip("\n")
+        + "\n\n---\nMessages for you (from other agents or a person) arrived meanwhile:\n"
+        + shown(got)
+    )

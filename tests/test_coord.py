@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing as mp
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +19,13 @@ from fleet.errors import Conflict, InputError
 from fleet.model import AttemptEnd, Status, TaskSpec
 from fleet.paths import resolve
 from fleet.store import Store, open_store
-from fleet.store.coord import CLAIM_FIELDS
+from fleet.store.coord import CLAIM_FIELDS, MESSAGE_FIELDS
 from tests.conftest import Fleet, run_fleet
 from tests.test_questions import agent
 
 RACERS = 20
+STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+CAUSE = "I found the cause: a stale lock"
 
 
 @pytest.fixture
@@ -193,3 +196,83 @@ def test_bad_lease_input_is_refused_before_the_store() -> None:
         coordination.resource("x" * 301)
     with pytest.raises(InputError):
         coordination.lease_seconds(86401)
+
+
+# ---------------------------------------------------------------------- messages
+
+
+def test_a_broadcast_reaches_the_three_running_siblings(store: Store, project: Path) -> None:
+    (parent,) = store.add([TaskSpec(title="parent", cwd=str(project))])
+    sender, *siblings = [running(store, project, f"child {i}", parent.id) for i in range(4)]
+    (idle,) = store.add([TaskSpec(title="not running", cwd=str(project), parent=parent.id)])
+
+    async def scenario() -> None:
+        async with agent(sender) as session:
+            text, error = await call(
+                session, "send_message", to="siblings", text="I found the cause: a stale lock"
+            )
+            assert not error and text.startswith(f"Sent to {', '.join(siblings)}.")
+            text, error = await call(session, "send_message", to="parent", text="halfway")
+            assert not error and text.startswith(f"Sent to {parent.id}.")
+            text, error = await call(session, "send_message", to="children", text="x")
+            assert error and "no running task to send to as 'children'" in text
+        for sibling in siblings:
+            async with agent(sibling) as session:
+                text, _ = await call(session, "read_messages")
+                shape = rf"New messages:\n- message \d+ from {sender} at {STAMP}:\n  {CAUSE}"
+                assert re.fullmatch(shape, text), text
+                assert (await call(session, "read_messages"))[0] == "No new messages."
+
+    asyncio.run(scenario())
+    assert store.messages(idle.id) == []
+    (to_parent,) = store.messages(parent.id)
+    assert (to_parent.sender, to_parent.sender_task, to_parent.text) == (sender, sender, "halfway")
+    assert to_parent.read_at is None
+    assert [e.action for e in store.history(siblings[0])].count("messaged") == 1
+
+
+def test_a_message_arrives_with_the_agents_next_tool_result(
+    fleet: Fleet, store: Store, project: Path
+) -> None:
+    task = running(store, project)
+
+    async def scenario() -> None:
+        async with agent(task) as session:
+            text, _ = await call(session, "claims")
+            assert "Messages for you" not in text
+            sent = await asyncio.to_thread(run_fleet, "message", task, "please look at run.py")
+            assert sent.code == 0, sent.err
+            (number,) = sent.out.split()
+            text, _ = await call(session, "claims")
+            assert text.startswith(f"No leases are held in {project}.")
+            assert "\n---\nMessages for you (from other agents or a person) arrived" in text
+            assert f"- message {number} from " in text and "please look at run.py" in text
+            # Each message once: the next result has none.
+            assert "Messages for you" not in (await call(session, "claims"))[0]
+
+    asyncio.run(scenario())
+    (seen,) = json.loads(fleet.ok("messages", task, "--json"))
+    assert seen["read_at"] is not None and seen["sender_task"] is None
+    assert set(seen) == {f.name for f in MESSAGE_FIELDS}
+    assert "please look at run.py" in fleet.ok("messages")
+
+
+def test_a_person_broadcasts_to_every_running_task(
+    fleet: Fleet, store: Store, project: Path
+) -> None:
+    one, two = running(store, project), running(store, project)
+    fleet.add("never started")
+    sent = json.loads(fleet.ok("message", "--all", "--json", "stop at a good point"))
+    assert sorted(m["recipient"] for m in sent) == sorted([one, two])
+    assert [m.text for m in store.take_messages(one)] == ["stop at a good point"]
+    end(store, one)
+    end(store, two)
+    refused = fleet("message", "--all", "anyone?")
+    assert refused.code == 2 and "no running task to send to as 'all'" in refused.err
+    assert fleet("message", "--all").code == 2
+    wrong = fleet("message", one)
+    assert wrong.code == 2 and "give ID and TEXT" in wrong.err
+    missing = fleet("message", "fl-zzzzzz", "hello")
+    assert missing.code != 0
+    empty = fleet("message", one, "  ")
+    assert empty.code == 2 and "message is empty" in empty.err

@@ -202,6 +202,8 @@ MODULES = {
     "ls": "listing",
     "merge": "control",
     "merge-tasks": "lineage",
+    "message": "coord",
+    "messages": "coord",
     "metrics": "metrics",
     "pause": "control",
     "questions": "questions",

@@ -1,11 +1,12 @@
-"""`fleet claims`: what the agents coordinate with, for a person to see (fleet.store.coord)."""
+"""`fleet claims`, `message` and `messages`: what the agents coordinate with, for a person to
+see and take part in (fleet.coordination, fleet.store.coord)."""
 
 from __future__ import annotations
 
 import click
 
-from fleet.cli.app import App, cli, pass_app
-from fleet.output import emit_objects, emit_table, fmt_of, output_options, shorten
+from fleet.cli.app import TASK, App, cli, count, pass_app
+from fleet.output import emit_objects, emit_table, emit_text, fmt_of, output_options, shorten
 
 
 @cli.command("claims")
@@ -40,5 +41,67 @@ def claims_cmd(app: App, directory: str | None, fmt: str | None) -> None:
                 shorten(c.scope, 40),
             )
             for c in held
+        ],
+    )
+
+
+@cli.command("message")
+@click.argument("words", nargs=-1, metavar="ID|--all TEXT")
+@click.option("--all", "to_all", is_flag=True, help="Send to every running task.")
+@click.option("--json", "as_json", is_flag=True, help="Print the messages sent as JSON.")
+@pass_app
+def message_cmd(app: App, words: tuple[str, ...], to_all: bool, as_json: bool) -> None:
+    """Send TEXT to the agent of task ID (whatever its status: it reads it when it runs), or
+    with --all to every running task's. A running agent sees it with the result of its next
+    fleet tool call. TEXT may be @FILE, or - for standard input. Prints each message's number.
+    """
+    from fleet import coordination, inputs
+    from fleet.audit import agent_task
+    from fleet.errors import InputError
+
+    wanted = 1 if to_all else 2
+    if len(words) != wanted:
+        usage = "fleet message --all TEXT" if to_all else "fleet message ID TEXT"
+        raise InputError(f"give {'TEXT' if to_all else 'ID and TEXT'}", hint=f"`{usage}`")
+    to = "all" if to_all else words[0]
+    text = inputs.read_arg(words[-1], "message", inputs.MAX_REASON)
+    sender_task = agent_task()
+    sent = coordination.send(app.store, app.store.actor.by, sender_task, to, text)
+    if as_json:
+        emit_objects((m.to_json() for m in sent), "json")
+        return
+    for m in sent:
+        emit_text(f"{m.id}")
+
+
+@cli.command("messages")
+@click.argument("task_id", metavar="[ID]", required=False, type=TASK)
+@click.option(
+    "-n", "--limit", type=count(), default=100, show_default=True, help="The newest this many."
+)
+@output_options
+@pass_app
+def messages_cmd(app: App, task_id: str | None, limit: int, fmt: str | None) -> None:
+    """List the messages to or from task ID (or everyone's), oldest first, with whether its
+    agent has seen each. Reading them here marks nothing read."""
+    from fleet.timeutil import ago
+
+    found = app.store.messages(task_id, limit)
+    out = fmt_of(fmt)
+    if out != "table":
+        emit_objects((m.to_json() for m in found), out)
+        return
+    emit_table(
+        ("N", "SENT", "FROM", "TO", "SEEN", "TEXT"),
+        [
+            (
+                m.id,
+                ago(m.sent_at),
+                shorten(m.sender, 30),
+                m.recipient,
+                ago(m.read_at) if m.read_at else "no",
+                shorten(" ".join(m.text.split()), 60),
+            )
+            for m in found
         ],
     )

@@ -1,4 +1,4 @@
-"""How agents coordinate through the store: advisory leases on resources.
+"""How agents coordinate through the store: advisory leases on resources, and messages.
 
 A lease (`ResourceClaim`) is an agent's word that it works on a resource — a path, a module,
 "db-migrations", any name — within its task's directory (the lease's `scope`). Invariants:
@@ -9,7 +9,10 @@ A lease (`ResourceClaim`) is an agent's word that it works on a resource — a p
   attempt's row has `ended_at`): nothing has to clean up after a dead agent, and `finish`
   needs no change;
 - a checkpoint saves the task's leases in force (`checkpoint_claims`), with the seconds each
-  had left, so that the attempt that resumes from it can take them again where still free.
+  had left, so that the attempt that resumes from it can take them again where still free;
+- a message is one row per recipient, written with its audit row (`messaged`, on the
+  recipient's trail) in one transaction; `take_messages` hands each unread one out once (it
+  marks them read in the statement that returns them), so two readers never both get it.
 
 The interface is `Coordinating` (part of `fleet.store.base.Store`); `SQLiteCoordination` is
 its implementation, mixed into the SQLite store, on that store's transactions and audit trail.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -57,6 +61,30 @@ class ResourceClaim(NamedTuple):
         return max(0.0, parse(self.until) - (time.time() if now is None else now))
 
 
+MESSAGE_FIELDS = (
+    Field("id", "int", "The message's number; later messages have higher ones."),
+    Field("recipient", "text", "The task whose agent the message is for."),
+    Field("sender", "text", "Who sent it: a task id (its agent), or a person (user@host)."),
+    Field("sender_task", "text", "The sending task, or null for a person."),
+    Field("text", "text", "The message (an agent's redacted, as all it writes)."),
+    Field("sent_at", "text", "When it was sent (UTC ISO 8601)."),
+    Field("read_at", "text", "When the recipient's agent was shown it, or null."),
+)
+
+
+class Message(NamedTuple):
+    id: int
+    recipient: str
+    sender: str
+    sender_task: str | None
+    text: str
+    sent_at: str
+    read_at: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+
 class Claimed(NamedTuple):
     """What a claim found: whether the claimer holds the resource now, and who does."""
 
@@ -93,6 +121,24 @@ class Coordinating(Protocol):
 
     def saved_claims(self, task_id: str, n: int) -> list[SavedClaim]: ...
 
+    def send_messages(
+        self, recipients: Sequence[str], text: str, sender: str, sender_task: str | None
+    ) -> list[Message]:
+        """One message to each of `recipients` (full ids), all or none."""
+        ...
+
+    def has_messages(self, task_id: str) -> bool:
+        """Whether the task has unread messages (a read: no write lock when it has none)."""
+        ...
+
+    def take_messages(self, task_id: str) -> list[Message]:
+        """The task's unread messages, oldest first, marked read."""
+        ...
+
+    def messages(self, task_id: str | None = None, limit: int = 100) -> list[Message]:
+        """The newest `limit` messages to or from the task (of anyone's), oldest first."""
+        ...
+
 
 # A lease in force: not run out, and its attempt still going.
 IN_FORCE = (
@@ -100,6 +146,7 @@ IN_FORCE = (
     " WHERE a.task = c.task AND a.n = c.attempt AND a.ended_at IS NULL)"
 )
 MINE = "(c.task = excluded.task AND c.attempt = excluded.attempt)"  # a renewal
+MESSAGE_COLUMNS = "id, recipient, sender, sender_task, text, sent_at, read_at"
 CLAIM_COLUMNS = "c.scope, c.resource, c.task, c.attempt, c.note, c.claimed_at, c.until"
 
 
@@ -213,3 +260,51 @@ class SQLiteCoordination:
                 (task_id, n),
             ).fetchall()
         return [SavedClaim(*r) for r in rows]
+
+    def send_messages(
+        self, recipients: Sequence[str], text: str, sender: str, sender_task: str | None
+    ) -> list[Message]:
+        now = now_iso()
+        sent: list[Message] = []
+        with self._write() as db:
+            for recipient in recipients:
+                self._fetch(db, recipient)  # NotFound rolls all of them back
+                row = db.execute(
+                    "INSERT INTO messages (recipient, sender, sender_task, text, sent_at)"
+                    f" VALUES (?, ?, ?, ?, ?) RETURNING {MESSAGE_COLUMNS}",
+                    (recipient, sender, sender_task, text, now),
+                ).fetchone()
+                sent.append(Message(*row))
+                self._audit(db, recipient, "messaged", sender=sender, message=row[0])
+        return sent
+
+    def has_messages(self, task_id: str) -> bool:
+        with self._read() as db:
+            return (
+                db.execute(
+                    "SELECT 1 FROM messages WHERE recipient = ? AND read_at IS NULL LIMIT 1",
+                    (task_id,),
+                ).fetchone()
+                is not None
+            )
+
+    def take_messages(self, task_id: str) -> list[Message]:
+        with self._write() as db:
+            rows = db.execute(
+                "UPDATE messages SET read_at = ? WHERE recipient = ? AND read_at IS NULL"
+                f" RETURNING {MESSAGE_COLUMNS}",
+                (now_iso(), task_id),
+            ).fetchall()
+        return sorted((Message(*r) for r in rows), key=lambda m: m.id)
+
+    def messages(self, task_id: str | None = None, limit: int = 100) -> list[Message]:
+        where = ""
+        args: list[Any] = [limit]
+        if task_id is not None:
+            where = "WHERE recipient = ? OR sender_task = ?"
+            args = [task_id, task_id, limit]
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {MESSAGE_COLUMNS} FROM messages {where} ORDER BY id DESC LIMIT ?", args
+            ).fetchall()
+        return [Message(*r) for r in reversed(rows)]

@@ -350,6 +350,23 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             FOREIGN KEY (task, n) REFERENCES checkpoints (task, n)
         ) WITHOUT ROWID""",
     ),
+    (
+        # Messages to the agents of tasks, one row per recipient (a broadcast is several),
+        # from another task's agent (`sender_task`) or a person (`sender` names either);
+        # `read_at` once the recipient's agent has been shown it (fleet.store.coord).
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            recipient TEXT NOT NULL REFERENCES tasks(id),
+            sender TEXT NOT NULL,
+            sender_task TEXT REFERENCES tasks(id),
+            text TEXT NOT NULL,
+            sent_at TEXT NOT NULL,
+            read_at TEXT
+        )""",
+        "CREATE INDEX messages_unread ON messages (recipient) WHERE read_at IS NULL",
+        "CREATE INDEX messages_recipient ON messages (recipient, id)",
+        "CREATE INDEX messages_sender ON messages (sender_task, id) WHERE sender_task IS NOT NULL",
+    ),
 )
 
 VERSION = len(MIGRATIONS)
