@@ -303,6 +303,12 @@ class Asker:
         wake.poke(self.paths)
         return f"Handed off to {successor.id} ({coder}). Stop working now: this attempt ends."
 
+    def set_focus(self, text: str) -> str:
+        text = coordination.focus_text(text)
+        self.store.set_focus(self.task_id, text)
+        taskdir.ring(self.directory, taskdir.FOCUS)  # the runner's status line follows
+        return f"Focus set: {text}"
+
     def cancel_mine(self) -> None:
         """At exit: questions of calls still open are cancelled, never left pending."""
         for qid in list(self.asked):
@@ -453,6 +459,18 @@ def server(asker: Asker) -> MCPServer:
     def read_messages() -> str:
         with for_the_agent():
             return coordination.read(asker.store, asker.task_id)
+
+    @tool
+    def list_agents() -> str:
+        with for_the_agent():
+            return mail(coordination.agents(asker.store, asker.paths, asker.task_id))
+
+    @tool
+    def set_focus(
+        text: Annotated[str, Field(description="One line: what you are working on now.")],
+    ) -> str:
+        with for_the_agent():
+            return mail(asker.set_focus(text))
 
     if sorted(served) != sorted(TOOLS):
         raise RuntimeError(f"fleet-ask serves {served}, but fleet.asktools declares {[*TOOLS]}")

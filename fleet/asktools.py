@@ -121,6 +121,17 @@ READ = """\
 Read the messages sent to this task since you last saw any. You rarely need it: the result
 of every fleet tool call already ends with the messages that arrived meanwhile.
 """
+AGENTS = """\
+List the other agents: the running tasks (each one's coder and model, phase, focus and the
+resources it holds) and the latest other tasks of this directory with their status. Look
+before starting a piece of work that another agent may already be doing.
+"""
+
+FOCUS = """\
+Say in one line what you are working on now ("fixing the lock timeout in fleet/store"), so
+that people and other agents see it (list_agents, fleet ls, fleet status, systemctl status).
+Set it when you start something new.
+"""
 
 TOOLS: dict[str, Tool] = {
     t.name: t
@@ -141,6 +152,8 @@ TOOLS: dict[str, Tool] = {
         Tool("claims", "list the leases in force in the task's directory", CLAIMS),
         Tool("send_message", "message a task, its parent, children, siblings or all", SEND),
         Tool("read_messages", "read the messages that arrived since the last read", READ),
+        Tool("list_agents", "who runs now, with what, doing what, holding what", AGENTS),
+        Tool("set_focus", "say in one line what you are working on now", FOCUS),
     )
 }
 

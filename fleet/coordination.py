@@ -5,7 +5,8 @@ messages` are the same for a person).
 Every text an agent or a person gives passes fleet.inputs, as all they write does (an agent's
 is redacted there). A refused claim names the holder, its note and when the lease runs out,
 so the agent can decide without asking. A message reaches its agent with the result of its
-next fleet tool call (`with_messages`), so an agent never has to poll for them.
+next fleet tool call (`with_messages`), so an agent never has to poll for them. `list_agents`
+is what an agent needs to avoid duplicate work: who runs, with what, doing what, holding what.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fleet import inputs
 from fleet.checkpoints import Resumption
 from fleet.errors import InputError, NotFound
 from fleet.model import Status
+from fleet.paths import Paths
 from fleet.store import Store, TaskFilter
 from fleet.store.coord import Message, ResourceClaim, SavedClaim
 
@@ -204,3 +206,55 @@ def with_messages(store: Store, task_id: str, result: str) -> str:
         + "\n\n---\nMessages for you (from other agents or a person) arrived meanwhile:\n"
         + shown(got)
     )
+
+
+# -- focus and who is doing what ---------------------------------------------------------------
+
+MAX_FOCUS = 200
+RECENT = 10  # finished tasks list_agents shows besides the running ones
+
+
+def focus_text(text: str) -> str:
+    return inputs.one_line("focus", text, MAX_FOCUS)
+
+
+def agents(store: Store, paths: Paths, task_id: str) -> str:
+    """The running tasks (coder/model, phase, focus, leases) and the latest others of this
+    task's directory, as an agent reads them."""
+    from fleet import live
+
+    me = store.get(task_id)
+    focuses = store.focuses()
+    held: dict[str, list[str]] = {}
+    for c in store.resource_claims():
+        held.setdefault(c.task, []).append(c.resource)
+    run = list(store.tasks(TaskFilter(statuses=(Status.RUNNING,))))
+    lines = [f"Running tasks ({len(run)}):"]
+    for t in run:
+        figures = live.read(paths, t.id, t.attempts) or {}
+        coder = str(figures.get("coder") or t.coder or "?")
+        model = figures.get("model") or t.model
+        phase = "asking a person" if t.question else str(figures.get("phase") or "starting")
+        you = " (you)" if t.id == task_id else ""
+        where = "" if t.cwd == me.cwd else f", in {t.cwd}"
+        lines.append(
+            f"- {t.id}{you}: {t.title} [{coder}{'/' + str(model) if model else ''},"
+            f" {phase}, attempt {t.attempts}{where}]"
+        )
+        if t.id in focuses:
+            lines.append(f"  focus: {focuses[t.id][0]}")
+        if t.id in held:
+            lines.append(f"  holds: {', '.join(held[t.id])}")
+    others = [
+        t
+        for t in store.tasks(
+            TaskFilter(cwd=me.cwd, include_final=True, newest_first=True, limit=RECENT + len(run))
+        )
+        if t.status != Status.RUNNING
+    ][:RECENT]
+    if others:
+        lines.append(f"Latest other tasks in {me.cwd}:")
+        lines += [
+            f"- {t.id}: {t.title} [{t.status}{', ' + t.reason if t.reason else ''}]" for t in others
+        ]
+    return "\n".join(lines)

@@ -21,6 +21,7 @@ from fleet.model import Task
 from fleet.paths import Paths, ensure_dir, program
 
 KILL = ".kill"
+FOCUS = ".focus"  # rung by fleet-ask's set_focus: the runner re-reads the focus for its status
 SENTINELS = (KILL,)
 SETTLED = ".settled-"  # + the invocation id: fleet-run applied the policy itself
 

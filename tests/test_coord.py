@@ -276,3 +276,42 @@ def test_a_person_broadcasts_to_every_running_task(
     assert missing.code != 0
     empty = fleet("message", one, "  ")
     assert empty.code == 2 and "message is empty" in empty.err
+
+
+# ---------------------------------------------------------------------- who is doing what
+
+
+def test_list_agents_shows_each_running_agents_focus_and_leases(
+    fleet: Fleet, store: Store, project: Path
+) -> None:
+    first, second = running(store, project, "fix the lock"), running(store, project, "docs")
+    done = fleet.add("an old one")
+    fleet.ok("close", done, "--reason", "shipped")
+
+    async def scenario() -> None:
+        async with agent(first) as one, agent(second) as two:
+            said, error = await call(one, "set_focus", text="reading fleet/store/sqlite.py")
+            assert (said, error) == ("Focus set: reading fleet/store/sqlite.py", False)
+            await call(one, "claim", resource="fleet/store/sqlite.py")
+            text, _ = await call(two, "list_agents")
+            assert text.startswith("Running tasks (2):\n")
+            assert f"- {first}: fix the lock [command, starting, attempt 1]" in text
+            assert "  focus: reading fleet/store/sqlite.py\n  holds: fleet/store/sqlite.py" in text
+            assert f"- {second} (you): docs [command" in text
+            assert f"Latest other tasks in {project}:\n- {done}: an old one [done, shipped]" in text
+            said, error = await call(one, "set_focus", text="two\nlines")
+            assert error and "control characters" in said
+
+    asyncio.run(scenario())
+    (row,) = [r for r in json.loads(fleet.ok("status", "--json"))["running"] if r["id"] == first]
+    assert (row["focus"], row["claims"]) == (
+        "reading fleet/store/sqlite.py",
+        ["fleet/store/sqlite.py"],
+    )
+    assert "reading fleet/store/sqlite.py"[:30] in fleet.ok("status")
+    assert "focus: reading fleet/store" in fleet.ok("ls")
+    # The focus, like a lease, goes with the attempt.
+    end(store, first)
+    assert store.focuses() == {}
+    with pytest.raises(Conflict, match="not running"):
+        store.set_focus(first, "later")

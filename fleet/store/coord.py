@@ -1,4 +1,5 @@
-"""How agents coordinate through the store: advisory leases on resources, and messages.
+"""How agents coordinate through the store: advisory leases on resources, messages, and
+each agent's focus.
 
 A lease (`ResourceClaim`) is an agent's word that it works on a resource — a path, a module,
 "db-migrations", any name — within its task's directory (the lease's `scope`). Invariants:
@@ -12,7 +13,9 @@ A lease (`ResourceClaim`) is an agent's word that it works on a resource — a p
   had left, so that the attempt that resumes from it can take them again where still free;
 - a message is one row per recipient, written with its audit row (`messaged`, on the
   recipient's trail) in one transaction; `take_messages` hands each unread one out once (it
-  marks them read in the statement that returns them), so two readers never both get it.
+  marks them read in the statement that returns them), so two readers never both get it;
+- a focus belongs to the attempt that set it, and like a lease is shown only while that
+  attempt runs.
 
 The interface is `Coordinating` (part of `fleet.store.base.Store`); `SQLiteCoordination` is
 its implementation, mixed into the SQLite store, on that store's transactions and audit trail.
@@ -137,6 +140,14 @@ class Coordinating(Protocol):
 
     def messages(self, task_id: str | None = None, limit: int = 100) -> list[Message]:
         """The newest `limit` messages to or from the task (of anyone's), oldest first."""
+        ...
+
+    def set_focus(self, task_id: str, text: str) -> None:
+        """The running attempt's focus (Conflict if the task is not running)."""
+        ...
+
+    def focuses(self) -> dict[str, tuple[str, str]]:
+        """task id -> (focus, when set) of the attempts running now."""
         ...
 
 
@@ -308,3 +319,23 @@ class SQLiteCoordination:
                 f"SELECT {MESSAGE_COLUMNS} FROM messages {where} ORDER BY id DESC LIMIT ?", args
             ).fetchall()
         return [Message(*r) for r in reversed(rows)]
+
+    def set_focus(self, task_id: str, text: str) -> None:
+        with self._write() as db:
+            task = self._fetch(db, task_id)
+            if task.status != "running" or not task.claimed_by:
+                raise Conflict(f"{task_id} is {task.status}, not running: it has no focus")
+            db.execute(
+                "INSERT INTO task_focus (task, attempt, text, set_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (task) DO UPDATE SET attempt = excluded.attempt,"
+                " text = excluded.text, set_at = excluded.set_at",
+                (task_id, task.attempts, text, now_iso()),
+            )
+
+    def focuses(self) -> dict[str, tuple[str, str]]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT f.task, f.text, f.set_at FROM task_focus f JOIN attempts a"
+                " ON a.task = f.task AND a.n = f.attempt WHERE a.ended_at IS NULL"
+            ).fetchall()
+        return {task: (text, at) for task, text, at in rows}

@@ -367,6 +367,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX messages_recipient ON messages (recipient, id)",
         "CREATE INDEX messages_sender ON messages (sender_task, id) WHERE sender_task IS NOT NULL",
     ),
+    (
+        # What each task's agent says it is doing now (set_focus), for the attempt that set
+        # it: shown while that attempt runs (fleet.store.coord).
+        """CREATE TABLE task_focus (
+            task TEXT PRIMARY KEY REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            set_at TEXT NOT NULL
+        ) WITHOUT ROWID""",
+    ),
 )
 
 VERSION = len(MIGRATIONS)
