@@ -48,6 +48,12 @@ the work is finished call task_done; when you cannot go on without a person call
 Record a checkpoint (with a summary a fresh session could continue from) at milestones.
 Split off independent parts with spawn_subtask; hand the task to another coder or model with
 handoff when it is better suited.
+
+Other agents may work in the same directory. Say what you work on with set_focus; claim a
+file or area (a path, a module, a name) before you change it and release it when done; a
+refused claim names the task that holds it and when its lease ends: work on something else
+or send_message it. list_agents shows who does what. Messages for you come at the end of
+any fleet tool's result (read_messages reads them too); answer with send_message.
 """
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -315,3 +316,35 @@ def test_list_agents_shows_each_running_agents_focus_and_leases(
     assert store.focuses() == {}
     with pytest.raises(Conflict, match="not running"):
         store.set_focus(first, "later")
+
+
+# ---------------------------------------------------------------------- teaching the protocol
+
+PROTOCOL = ("set_focus", "claim", "release", "list_agents", "send_message")
+
+
+def test_the_server_instructions_and_the_prompt_teach_the_protocol(
+    store: Store, project: Path
+) -> None:
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    from fleet.asktools import TOOLS
+    from fleet.taskdir import compose_prompt
+    from tests.conftest import fleet_exe
+
+    task = running(store, project)
+
+    async def instructions() -> str:
+        env = {**os.environ, "FLEET_TASK_ID": task}
+        params = StdioServerParameters(command=fleet_exe("fleet-ask"), env=env)
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            return (await session.initialize()).instructions or ""
+
+    taught = asyncio.run(instructions())
+    prompt = compose_prompt(store.get(task), project / "artifacts")
+    for name in PROTOCOL:
+        assert name in TOOLS
+        assert re.search(rf"\b{name}\b", taught), name
+        assert re.search(rf"\b{name}\b", prompt), name
+    assert "claim a file or area before you change it" in prompt
