@@ -28,7 +28,7 @@ from pydantic import Field
 
 from fleet import coordination, inputs, questions, taskdir
 from fleet.asktools import TOOLS
-from fleet.errors import FleetError, InputError
+from fleet.errors import Conflict, FleetError, InputError
 from fleet.events import MSG_ANSWER, MSG_QUESTION
 from fleet.journal import Journal, Value
 from fleet.model import Question, QuestionStatus, Status
@@ -315,6 +315,27 @@ class Asker:
         taskdir.ring(self.directory, taskdir.FOCUS)  # the runner's status line follows
         return f"Focus set: {text}"
 
+    def accept_handoff(self, task: str, accept: bool, reason: str) -> str:
+        from fleet import offers, wake
+
+        offered = self.store.resolve(inputs.one_line("task", task, 100))
+        made = offers.open_offer(self.store, offered)
+        mine = self.store.get(self.task_id).coder or self.config.get_str("default_coder")
+        if made.coder != mine:
+            raise Conflict(f"offer {made.id} is for coder {made.coder}; you run as {mine}")
+        if not accept:
+            offers.decline(self.store, offered, reason, self.task_id)
+            return f"Declined offer {made.id}; {offered} goes on as it was. Carry on."
+        successor = offers.accept(self.store, self.config, offered)
+        if self.store.get(offered).claimed_by is not None:
+            # The original's attempt is over: its runner stops its agent (as after a handoff).
+            taskdir.ring(taskdir.task_dir(self.paths, offered), taskdir.KILL)
+        wake.poke(self.paths)
+        return (
+            f"Accepted offer {made.id}: {offered} goes on as {successor.id} ({made.coder})."
+            " Carry on with your own task."
+        )
+
     def cancel_mine(self) -> None:
         """At exit: questions of calls still open are cancelled, never left pending."""
         for qid in list(self.asked):
@@ -477,6 +498,15 @@ def server(asker: Asker) -> MCPServer:
     ) -> str:
         with for_the_agent():
             return mail(asker.set_focus(text))
+
+    @tool
+    def accept_handoff(
+        task: Annotated[str, Field(description="The task whose handoff was offered.")],
+        accept: Annotated[bool, Field(description="Accept it (false: decline it).")] = True,
+        reason: Annotated[str, Field(description="Why you decline it.")] = "",
+    ) -> str:
+        with for_the_agent():
+            return mail(asker.accept_handoff(task, accept, reason))
 
     if sorted(served) != sorted(TOOLS):
         raise RuntimeError(f"fleet-ask serves {served}, but fleet.asktools declares {[*TOOLS]}")

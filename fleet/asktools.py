@@ -132,6 +132,12 @@ Say in one line what you are working on now ("fixing the lock timeout in fleet/s
 that people and other agents see it (list_agents, fleet ls, fleet status, systemctl status).
 Set it when you start something new.
 """
+ACCEPT = """\
+Accept (or decline) a handoff offered to your coder: when a person offers another task to
+the coder you run as, you get a message with the offer's context. Read it; accept and a new
+task of your coder takes that task over (you go on with your own task); decline with a
+reason and the original goes on as it was.
+"""
 
 TOOLS: dict[str, Tool] = {
     t.name: t
@@ -154,6 +160,7 @@ TOOLS: dict[str, Tool] = {
         Tool("read_messages", "read the messages that arrived since the last read", READ),
         Tool("list_agents", "who runs now, with what, doing what, holding what", AGENTS),
         Tool("set_focus", "say in one line what you are working on now", FOCUS),
+        Tool("accept_handoff", "accept or decline a handoff offered to your coder", ACCEPT),
     )
 }
 

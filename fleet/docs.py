@@ -36,7 +36,7 @@ from fleet.paths import resolve
 from fleet.settings import BUILTIN_CODERS, CODER_SETTINGS, SETTINGS, Setting, template
 from fleet.stats import FIELDS as STATS_FIELDS
 from fleet.status import FIELDS as STATUS_FIELDS
-from fleet.store.coord import CLAIM_FIELDS, MESSAGE_FIELDS
+from fleet.store.coord import CLAIM_FIELDS, MESSAGE_FIELDS, OFFER_FIELDS
 
 PROG = "fleet"
 COMPLETE_VAR = "_FLEET_COMPLETE"
@@ -504,6 +504,10 @@ def json_output(root: click.Context) -> list[str]:
         f"{bold('fleet messages --json')} lists messages, oldest first, and"
         f" {bold('fleet message --json')} those it sent:",
         *field_list(MESSAGE_FIELDS),
+        ".PP",
+        f"{bold('fleet offers --json')} lists handoff offers, oldest first, and"
+        f" {bold('fleet handoff --offer --json')} prints the one it made:",
+        *field_list(OFFER_FIELDS),
         ".PP",
         f"In {bold('fleet show --json')}, each attempt object also has {bold('usage')}: its"
         " tokens and cost by model, a list of objects with model, calls, input, output,"

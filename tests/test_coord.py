@@ -20,7 +20,7 @@ from fleet.errors import Conflict, InputError
 from fleet.model import AttemptEnd, Status, TaskSpec
 from fleet.paths import resolve
 from fleet.store import Store, open_store
-from fleet.store.coord import CLAIM_FIELDS, MESSAGE_FIELDS
+from fleet.store.coord import CLAIM_FIELDS, MESSAGE_FIELDS, OFFER_FIELDS
 from tests.conftest import Fleet, run_fleet
 from tests.test_questions import agent
 
@@ -348,3 +348,101 @@ def test_the_server_instructions_and_the_prompt_teach_the_protocol(
         assert re.search(rf"\b{name}\b", taught), name
         assert re.search(rf"\b{name}\b", prompt), name
     assert "claim a file or area before you change it" in prompt
+
+
+# ---------------------------------------------------------------------- handoff offers
+
+
+def offered(fleet: Fleet, task: str, *more: str) -> str:
+    return fleet.ok("handoff", task, "--to", "command", "--offer", *more).strip()
+
+
+def test_an_offer_declined_then_one_accepted_and_the_trail_shows_both(
+    fleet: Fleet, store: Store, project: Path
+) -> None:
+    task = running(store, project, "long work")
+    first = offered(fleet, task, "--context", "the parser is done; the docs are left")
+    (made,) = json.loads(fleet.ok("offers", "--json"))
+    assert (made["id"], made["status"], made["coder"]) == (int(first), "offered", "command")
+    assert made["context"] == "the parser is done; the docs are left"
+    assert set(made) == {f.name for f in OFFER_FIELDS}
+    # Nothing changed meanwhile; a second offer waits for the first to be settled.
+    assert store.get(task).status == Status.RUNNING
+    again = fleet("handoff", task, "--to", "command", "--offer")
+    assert again.code != 0 and "already has an open handoff offer" in again.err
+    fleet.ok("decline", task, "--reason", "nobody free for the docs")
+    assert store.get(task).status == Status.RUNNING
+    (told,) = store.take_messages(task)
+    assert f"handoff offer {first} to command was declined by " in told.text
+    assert "nobody free for the docs. Carry on with the task yourself." in told.text
+    refused = fleet("accept", task)
+    assert refused.code != 0 and f"offer {first} was declined by " in refused.err
+    second = offered(fleet, task)
+    successor = fleet.ok("accept", task, "--no-block").strip()
+    assert store.get(task).status == Status.HANDED_OFF
+    assert store.get(successor).predecessor == task
+    settled = {o.id: o for o in store.offers(task)}
+    assert (settled[int(second)].status, settled[int(second)].successor) == (
+        "accepted",
+        successor,
+    )
+    actions = [e.action for e in store.history(task) if "hand" in e.action]
+    assert actions == [
+        "handoff-offered",
+        "handoff-declined",
+        "handoff-offered",
+        "handoff-accepted",
+        "handed-off",
+    ]
+    assert "declined" in fleet.ok("offers", task) and "accepted" in fleet.ok("offers")
+
+
+def test_an_offer_expires_and_the_policy_may_accept_at_once(
+    fleet: Fleet, store: Store, project: Path
+) -> None:
+    task = running(store, project)
+    number = offered(fleet, task, "--expires", "600")
+    db = sqlite3.connect(resolve().db)
+    db.execute("UPDATE handoff_offers SET expires_at = '2000-01-01T00:00:00.000Z'")
+    db.commit()
+    db.close()
+    late = fleet("accept", task)
+    assert late.code != 0 and f"offer {number} was expired" in late.err
+    assert [e.action for e in store.history(task)][-1] == "handoff-expired"
+    assert store.get(task).status == Status.RUNNING
+    assert fleet("handoff", task, "--to", "command", "--expires", "5").code == 2
+    successor = fleet.ok(
+        "--set",
+        "handoff_offers=accept",
+        "handoff",
+        task,
+        "--to",
+        "command",
+        "--offer",
+        "--no-block",
+    ).strip()
+    assert store.get(successor).predecessor == task
+    assert store.offers(task)[-1].status == "accepted"
+
+
+def test_an_agent_of_the_offered_coder_reads_the_offer_and_accepts_it(
+    fleet: Fleet, store: Store, project: Path
+) -> None:
+    original, other = running(store, project, "the original"), running(store, project, "other")
+    receiver = running(store, project, "a command agent")
+    offered(fleet, original, "--context", "half done")
+
+    async def scenario() -> None:
+        async with agent(receiver) as session:
+            text, _ = await call(session, "read_messages")
+            assert f"task {original} (the original) is offered to command" in text
+            assert "Context: half done" in text and "accept_handoff(task=" in text
+            text, error = await call(session, "accept_handoff", task=other)
+            assert error and f"{other} has no handoff offer" in text
+            text, error = await call(session, "accept_handoff", task=original)
+            assert not error and text.startswith("Accepted offer ")
+
+    asyncio.run(scenario())
+    assert store.get(original).status == Status.HANDED_OFF
+    (offer,) = store.offers(original)
+    assert (offer.status, offer.decided_by) == ("accepted", "agent")

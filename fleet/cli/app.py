@@ -184,6 +184,7 @@ def coder_options(func: F) -> F:
 # Which module defines each command: `fleet add` then imports add.py alone, not the whole
 # command line (tests/test_docs.py checks this table against what the modules register).
 MODULES = {
+    "accept": "coord",
     "add": "add",
     "answer": "questions",
     "block": "change",
@@ -192,6 +193,7 @@ MODULES = {
     "checkpoints": "suspend",
     "claims": "coord",
     "close": "change",
+    "decline": "coord",
     "config": "config_cmd",
     "doctor": "setup",
     "edit": "change",
@@ -205,6 +207,7 @@ MODULES = {
     "message": "coord",
     "messages": "coord",
     "metrics": "metrics",
+    "offers": "coord",
     "pause": "control",
     "questions": "questions",
     "ready": "listing",

@@ -1,5 +1,6 @@
-"""`fleet claims`, `message` and `messages`: what the agents coordinate with, for a person to
-see and take part in (fleet.coordination, fleet.store.coord)."""
+"""`fleet claims`, `message`, `messages`, `accept`, `decline` and `offers`: what the agents
+coordinate with, for a person to see and take part in (fleet.coordination, fleet.offers,
+fleet.store.coord)."""
 
 from __future__ import annotations
 
@@ -103,5 +104,76 @@ def messages_cmd(app: App, task_id: str | None, limit: int, fmt: str | None) -> 
                 shorten(" ".join(m.text.split()), 60),
             )
             for m in found
+        ],
+    )
+
+
+@cli.command("accept")
+@click.argument("task_id", metavar="ID", type=TASK)
+@click.option("--no-block", is_flag=True, help="Return at once instead of waiting for the stop.")
+@click.option("--json", "as_json", is_flag=True, help="Print the successor task as JSON.")
+@pass_app
+def accept_cmd(app: App, task_id: str, no_block: bool, as_json: bool) -> None:
+    """Accept task ID's open handoff offer: the handoff it offered happens now (the successor
+    added, the original handed off and its running attempt stopped). Prints the successor's
+    id; an offer already decided or expired is refused."""
+    import sys
+
+    from fleet import offers, wake
+    from fleet.cli.suspend import _stop
+
+    successor = offers.accept(app.store, app.config, task_id)
+    if app.store.get(task_id).claimed_by is not None:
+        _stop(app, task_id, block=not no_block)
+    wake.poke(app.paths)
+    if as_json:
+        emit_objects([successor.to_json()], "json")
+    else:
+        sys.stdout.write(successor.id + "\n")
+
+
+@cli.command("decline")
+@click.argument("task_id", metavar="ID", type=TASK)
+@click.option("--reason", required=True, metavar="TEXT", help="Why (its agent is told).")
+@pass_app
+def decline_cmd(app: App, task_id: str, reason: str) -> None:
+    """Decline task ID's open handoff offer: the task goes on as it was, and its running
+    agent gets the reason as a message."""
+    from fleet import offers
+    from fleet.audit import agent_task
+
+    made = offers.decline(app.store, task_id, reason, agent_task())
+    emit_text(f"{made.id}")
+
+
+@cli.command("offers")
+@click.argument("task_id", metavar="[ID]", required=False, type=TASK)
+@click.option("--open", "open_only", is_flag=True, help="Only the offers still open.")
+@output_options
+@pass_app
+def offers_cmd(app: App, task_id: str | None, open_only: bool, fmt: str | None) -> None:
+    """List handoff offers (of task ID), oldest first: to whom, until when, and how each was
+    settled (accepted, declined, expired, failed)."""
+    from fleet.timeutil import ago
+
+    found = app.store.offers(task_id, open_only)
+    out = fmt_of(fmt)
+    if out != "table":
+        emit_objects((o.to_json() for o in found), out)
+        return
+    emit_table(
+        ("N", "TASK", "TO", "OFFERED", "BY", "STATUS", "DECIDED BY", "NOTE"),
+        [
+            (
+                o.id,
+                o.task,
+                o.coder + (f":{o.model}" if o.model else ""),
+                ago(o.offered_at),
+                shorten(o.offered_by, 24),
+                o.status,
+                shorten(o.decided_by or "-", 24),
+                shorten(o.reason or o.successor or f"until {o.expires_at}", 40),
+            )
+            for o in found
         ],
     )

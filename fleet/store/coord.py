@@ -1,5 +1,5 @@
-"""How agents coordinate through the store: advisory leases on resources, messages, and
-each agent's focus.
+"""How agents coordinate through the store: advisory leases on resources, messages, each
+agent's focus, and handoff offers.
 
 A lease (`ResourceClaim`) is an agent's word that it works on a resource — a path, a module,
 "db-migrations", any name — within its task's directory (the lease's `scope`). Invariants:
@@ -15,7 +15,10 @@ A lease (`ResourceClaim`) is an agent's word that it works on a resource — a p
   recipient's trail) in one transaction; `take_messages` hands each unread one out once (it
   marks them read in the statement that returns them), so two readers never both get it;
 - a focus belongs to the attempt that set it, and like a lease is shown only while that
-  attempt runs.
+  attempt runs;
+- a handoff offer leaves `offered` exactly once (accepted, declined, expired or failed), by
+  compare-and-set, so of two deciders only the first wins; an offer past its time is expired
+  (with its audit row) by the first look at it, and is never accepted.
 
 The interface is `Coordinating` (part of `fleet.store.base.Store`); `SQLiteCoordination` is
 its implementation, mixed into the SQLite store, on that store's transactions and audit trail.
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from fleet.errors import Conflict
+from fleet.errors import Conflict, NotFound
 from fleet.model import Field
 from fleet.timeutil import iso, now_iso, parse
 
@@ -83,6 +86,42 @@ class Message(NamedTuple):
     text: str
     sent_at: str
     read_at: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+OFFER_FIELDS = (
+    Field("id", "int", "The offer's number."),
+    Field("task", "text", "The task offered for handoff."),
+    Field("coder", "text", "The coder offered to take it over."),
+    Field("model", "text", "The model, or null for the coder's default."),
+    Field("context", "text", "What the offer says is done and left, or null."),
+    Field("offered_by", "text", "Who offered it: a person, or the task's agent."),
+    Field("offered_at", "text", "When (UTC ISO 8601)."),
+    Field("expires_at", "text", "When an offer nobody decided on expires."),
+    Field("status", "text", "offered, accepted, declined, expired or failed."),
+    Field("decided_by", "text", "Who accepted or declined it (or the policy), or null."),
+    Field("decided_at", "text", "When it was decided or expired, or null."),
+    Field("reason", "text", "Why it was declined or failed, or null."),
+    Field("successor", "text", "The successor task once accepted, or null."),
+)
+
+
+class Offer(NamedTuple):
+    id: int
+    task: str
+    coder: str
+    model: str | None
+    context: str | None
+    offered_by: str
+    offered_at: str
+    expires_at: str
+    status: str
+    decided_by: str | None
+    decided_at: str | None
+    reason: str | None
+    successor: str | None
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
@@ -150,6 +189,30 @@ class Coordinating(Protocol):
         """task id -> (focus, when set) of the attempts running now."""
         ...
 
+    def offer_handoff(
+        self, task_id: str, coder: str, model: str | None, context: str | None, seconds: float
+    ) -> Offer:
+        """Offer the task to `coder` for `seconds`; Conflict if it is finished or already has
+        an open offer."""
+        ...
+
+    def offers(self, task_id: str | None = None, open_only: bool = False) -> list[Offer]:
+        """Offers (of the task), oldest first; expires the open ones past their time first."""
+        ...
+
+    def decide_offer(
+        self,
+        offer_id: int,
+        status: str,
+        reason: str | None = None,
+        successor: str | None = None,
+        expect: str = "offered",
+    ) -> Offer:
+        """Move an offer from `expect` to `status` (accepted, declined, failed), as this
+        connection's actor; Conflict naming how it was settled if it is no longer in
+        `expect` (or has expired)."""
+        ...
+
 
 # A lease in force: not run out, and its attempt still going.
 IN_FORCE = (
@@ -157,6 +220,10 @@ IN_FORCE = (
     " WHERE a.task = c.task AND a.n = c.attempt AND a.ended_at IS NULL)"
 )
 MINE = "(c.task = excluded.task AND c.attempt = excluded.attempt)"  # a renewal
+OFFER_COLUMNS = (
+    "id, task, coder, model, context, offered_by, offered_at, expires_at, status, decided_by,"
+    " decided_at, reason, successor"
+)
 MESSAGE_COLUMNS = "id, recipient, sender, sender_task, text, sent_at, read_at"
 CLAIM_COLUMNS = "c.scope, c.resource, c.task, c.attempt, c.note, c.claimed_at, c.until"
 
@@ -175,6 +242,8 @@ class SQLiteCoordination:
         def _audit(
             self, db: sqlite3.Connection, task_id: str, action: str, **detail: Any
         ) -> None: ...
+
+        actor: Any
 
     def claim_resource(self, task_id: str, resource: str, seconds: float, note: str) -> Claimed:
         now = time.time()
@@ -339,3 +408,113 @@ class SQLiteCoordination:
                 " ON a.task = f.task AND a.n = f.attempt WHERE a.ended_at IS NULL"
             ).fetchall()
         return {task: (text, at) for task, text, at in rows}
+
+    def offer_handoff(
+        self, task_id: str, coder: str, model: str | None, context: str | None, seconds: float
+    ) -> Offer:
+        self._expire_offers()
+        now = time.time()
+        with self._write() as db:
+            task = self._fetch(db, task_id)
+            if task.status.final:
+                raise Conflict(f"{task_id} is {task.status}: there is nothing to hand off")
+            held = db.execute(
+                "SELECT id, coder FROM handoff_offers WHERE task = ? AND status = 'offered'",
+                (task_id,),
+            ).fetchone()
+            if held is not None:
+                raise Conflict(
+                    f"{task_id} already has an open handoff offer ({held[0]}, to {held[1]})",
+                    hint=f"`fleet accept {task_id}` or `fleet decline {task_id} --reason ...`",
+                )
+            row = db.execute(
+                "INSERT INTO handoff_offers (task, coder, model, context, offered_by,"
+                " offered_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                f" RETURNING {OFFER_COLUMNS}",
+                (task_id, coder, model, context, self.actor.by, iso(now), iso(now + seconds)),
+            ).fetchone()
+            offer = Offer(*row)
+            self._audit(
+                db,
+                task_id,
+                "handoff-offered",
+                offer=offer.id,
+                coder=coder,
+                model=model,
+                expires_at=offer.expires_at,
+            )
+        return offer
+
+    def _expire_offers(self) -> None:
+        """Expire the open offers past their time (a read first: no write lock if none)."""
+        now = now_iso()
+        with self._read() as db:
+            due = db.execute(
+                "SELECT 1 FROM handoff_offers WHERE status = 'offered' AND expires_at <= ?",
+                (now,),
+            ).fetchone()
+        if due is None:
+            return
+        with self._write() as db:
+            rows = db.execute(
+                "UPDATE handoff_offers SET status = 'expired', decided_at = ?"
+                " WHERE status = 'offered' AND expires_at <= ? RETURNING id, task",
+                (now, now),
+            ).fetchall()
+            for offer_id, task_id in rows:
+                self._audit(db, task_id, "handoff-expired", offer=offer_id)
+
+    def offers(self, task_id: str | None = None, open_only: bool = False) -> list[Offer]:
+        self._expire_offers()
+        where, args = [], []
+        if task_id is not None:
+            where.append("task = ?")
+            args.append(task_id)
+        if open_only:
+            where.append("status = 'offered'")
+        sql = f"SELECT {OFFER_COLUMNS} FROM handoff_offers"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._read() as db:
+            rows = db.execute(sql + " ORDER BY id", args).fetchall()
+        return [Offer(*r) for r in rows]
+
+    def decide_offer(
+        self,
+        offer_id: int,
+        status: str,
+        reason: str | None = None,
+        successor: str | None = None,
+        expect: str = "offered",
+    ) -> Offer:
+        self._expire_offers()
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE handoff_offers SET status = ?, decided_by = COALESCE(decided_by, ?),"
+                " decided_at = ?, reason = ?, successor = COALESCE(?, successor)"
+                f" WHERE id = ? AND status = ? RETURNING {OFFER_COLUMNS}",
+                (status, self.actor.by, now_iso(), reason, successor, offer_id, expect),
+            ).fetchone()
+            if row is None:
+                cur = db.execute(
+                    f"SELECT {OFFER_COLUMNS} FROM handoff_offers WHERE id = ?", (offer_id,)
+                ).fetchone()
+                if cur is None:
+                    raise NotFound(f"no handoff offer {offer_id}")
+                was = Offer(*cur)
+                by = f" by {was.decided_by}" if was.decided_by else ""
+                raise Conflict(
+                    f"handoff offer {offer_id} of {was.task} was already {was.status}{by}"
+                )
+            offer = Offer(*row)
+            if status != expect:  # a change of status, not of details (the successor)
+                self._audit(
+                    db,
+                    offer.task,
+                    f"handoff-{status}",
+                    offer=offer.id,
+                    coder=offer.coder,
+                    reason=reason,
+                    successor=successor,
+                )
+        return offer

@@ -377,6 +377,27 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             set_at TEXT NOT NULL
         ) WITHOUT ROWID""",
     ),
+    (
+        # Handoffs offered to a coder (and model) that the receiving side accepts or declines
+        # before anything changes; at most one open offer per task (fleet.store.coord).
+        """CREATE TABLE handoff_offers (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            task TEXT NOT NULL REFERENCES tasks(id),
+            coder TEXT NOT NULL,
+            model TEXT,
+            context TEXT,
+            offered_by TEXT NOT NULL,
+            offered_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'offered'
+                CHECK (status IN ('offered', 'accepted', 'declined', 'expired', 'failed')),
+            decided_by TEXT,
+            decided_at TEXT,
+            reason TEXT,
+            successor TEXT REFERENCES tasks(id)
+        )""",
+        "CREATE UNIQUE INDEX handoff_offers_open ON handoff_offers (task) WHERE status = 'offered'",
+    ),
 )
 
 VERSION = len(MIGRATIONS)
