@@ -112,6 +112,8 @@ def readable(fleet: Fleet, home: Path, out: Path, *more: str) -> list[str]:
         texts.append(fleet.ok("history", task["id"]))
         json_of("history", task["id"], "--json")
         json_of("checkpoints", task["id"], "--json")
+    texts.append(fleet.ok("status"))
+    json_of("status", "--json")
     texts.append(fleet.ok("claims"))
     json_of("claims", "--json")
     texts.append(fleet.ok("messages"))
@@ -197,6 +199,7 @@ ENTRY_POINTS: dict[str, tuple[str, str] | Call] = {
     "handoff context": mcp("handoff", coder="command", context="P"),
     "checkpoint summary": mcp("checkpoint", summary="P"),
     "claim note": mcp("claim", resource="fleet/run.py", note="P"),
+    "set_focus text": mcp("set_focus", text="P"),
     "send_message text": lambda task_id, payload, session: tool(
         session, "send_message", to=task_id, text=payload
     ),
@@ -239,6 +242,8 @@ AGENT_TEXT = [
     ("checkpoint summary", "escapes"),
     ("claim note", "coder-secret"),
     ("claim note", "escapes"),
+    ("set_focus text", "coder-secret"),
+    ("set_focus text", "escapes"),
     ("send_message text", "env-secret"),
     ("send_message text", "coder-secret"),
     ("send_message text", "200k"),
