@@ -324,7 +324,7 @@ class Asker:
         if made.coder != mine:
             raise Conflict(f"offer {made.id} is for coder {made.coder}; you run as {mine}")
         if not accept:
-            offers.decline(self.store, offered, reason, self.task_id)
+            offers.decline(self.store, self.paths, offered, reason, self.task_id)
             return f"Declined offer {made.id}; {offered} goes on as it was. Carry on."
         successor = offers.accept(self.store, self.config, offered)
         if self.store.get(offered).claimed_by is not None:
@@ -360,7 +360,7 @@ def server(asker: Asker) -> MCPServer:
 
     def mail(result: str) -> str:
         """Every tool's result brings the messages that arrived meanwhile: no polling."""
-        return coordination.with_messages(asker.store, asker.task_id, result)
+        return coordination.with_messages(asker.store, asker.paths, asker.task_id, result)
 
     def tool(func: F) -> F:
         """Serve `func` as the tool of its name, with the registry's description."""
@@ -479,7 +479,9 @@ def server(asker: Asker) -> MCPServer:
         text: Annotated[str, Field(description="The message, complete on its own.")],
     ) -> str:
         with for_the_agent():
-            sent = coordination.send(asker.store, asker.task_id, asker.task_id, to, text)
+            sent = coordination.send(
+                asker.store, asker.paths, asker.task_id, asker.task_id, to, text
+            )
             return mail(coordination.sent_text(sent))
 
     @tool

@@ -11,7 +11,11 @@ is what an agent needs to avoid duplicate work: who runs, with what, doing what,
 
 from __future__ import annotations
 
-from fleet import inputs
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from fleet import inputs, taskdir
 from fleet.checkpoints import Resumption
 from fleet.errors import InputError, NotFound
 from fleet.model import Status
@@ -20,6 +24,7 @@ from fleet.store import Store, TaskFilter
 from fleet.store.coord import Message, ResourceClaim, SavedClaim
 
 MAX_RESOURCE = 300
+FLEET_TOOL_PREFIX = "mcp__fleet__"  # how Claude Code names fleet-ask's tools
 MAX_NOTE = 500
 MIN_LEASE_S, MAX_LEASE_S, DEFAULT_LEASE_S = 1, 24 * 3600, 1800
 
@@ -167,9 +172,28 @@ def group(store: Store, sender_task: str | None, to: str) -> list[str]:
     return [t.id for t in store.children(me.parent) if t.status == Status.RUNNING]
 
 
-def send(store: Store, sender: str, sender_task: str | None, to: str, text: str) -> list[Message]:
+def send(
+    store: Store, paths: Paths, sender: str, sender_task: str | None, to: str, text: str
+) -> list[Message]:
     text = message_text(text)
-    return store.send_messages(recipients(store, sender_task, to), text, sender, sender_task)
+    return post(store, paths, recipients(store, sender_task, to), text, sender, sender_task)
+
+
+def post(
+    store: Store,
+    paths: Paths,
+    to: Sequence[str],
+    text: str,
+    sender: str,
+    sender_task: str | None,
+) -> list[Message]:
+    """Store the message (checked text) for each of `to`, then ring each one's mail sentinel:
+    a coder's hook between tool calls (see `hook`) delivers it only when the sentinel is
+    there, so that a tool call with no mail costs one stat."""
+    sent = store.send_messages(to, text, sender, sender_task)
+    for task_id in to:
+        taskdir.ring(taskdir.task_dir(paths, task_id), taskdir.MAIL)
+    return sent
 
 
 def sent_text(sent: list[Message]) -> str:
@@ -193,11 +217,35 @@ def read(store: Store, task_id: str) -> str:
     return "New messages:\n" + shown(got)
 
 
-def with_messages(store: Store, task_id: str, result: str) -> str:
+def hook(paths: Paths, task_id: str, event: dict[str, Any]) -> str | None:
+    """What a coder's post-tool hook (Claude Code's PostToolUse) adds to the result of a tool
+    call of the agent of `task_id`: the messages that arrived, or None. Called only when the
+    mail sentinel is there; fleet's own tools deliver with their results, so not for those."""
+    if str(event.get("tool_name", "")).startswith(FLEET_TOOL_PREFIX):
+        return None
+    with contextlib.suppress(FileNotFoundError):
+        # First, so that a message stored after the take rings it again.
+        (taskdir.task_dir(paths, task_id) / taskdir.MAIL).unlink()
+    from fleet.audit import Actor
+    from fleet.store import open_store
+
+    store = open_store(paths, Actor("agent", "fleet-ask"))
+    try:
+        got = store.take_messages(task_id)
+    finally:
+        store.close()
+    if not got:
+        return None
+    return "Messages for you (from other agents or a person) arrived meanwhile:\n" + shown(got)
+
+
+def with_messages(store: Store, paths: Paths, task_id: str, result: str) -> str:
     """A tool's result, followed by the messages that arrived for the task since the last
     (the check is a read, so a tool call with none waiting takes no write lock)."""
     if not store.has_messages(task_id):
         return result
+    with contextlib.suppress(FileNotFoundError):  # delivered here: the hook need not run
+        (taskdir.task_dir(paths, task_id) / taskdir.MAIL).unlink()
     got = store.take_messages(task_id)
     if not got:
         return result

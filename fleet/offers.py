@@ -15,6 +15,7 @@ from fleet import coordination, inputs, lineage
 from fleet.config import Config
 from fleet.errors import Conflict, FleetError, InputError
 from fleet.model import Status, Task
+from fleet.paths import Paths
 from fleet.store import Store, TaskFilter
 from fleet.store.coord import Offer
 
@@ -38,6 +39,7 @@ def open_offer(store: Store, task_id: str) -> Offer:
 
 def offer(
     store: Store,
+    paths: Paths,
     config: Config,
     task_id: str,
     coder: str,
@@ -54,11 +56,11 @@ def offer(
     if config.get_str("handoff_offers") == "accept":
         accept(store, config, task_id)
         return store.offers(task_id)[-1]
-    tell_receivers(store, made)
+    tell_receivers(store, paths, made)
     return made
 
 
-def tell_receivers(store: Store, made: Offer) -> None:
+def tell_receivers(store: Store, paths: Paths, made: Offer) -> None:
     """A message to every running agent of the offered coder (its own task's aside)."""
     task = store.get(made.task)
     to = [
@@ -76,7 +78,7 @@ def tell_receivers(store: Store, made: Offer) -> None:
         + f" Accept with accept_handoff(task={task.id!r}) (a new {made.coder} task takes"
         " it over), or decline with accept_handoff(task=..., accept=false, reason=...)."
     )
-    store.send_messages(to, inputs.text("message", text, inputs.MAX_REASON), made.offered_by, None)
+    coordination.post(store, paths, to, coordination.message_text(text), made.offered_by, None)
 
 
 def accept(store: Store, config: Config, task_id: str) -> Task:
@@ -92,7 +94,9 @@ def accept(store: Store, config: Config, task_id: str) -> Task:
     return successor
 
 
-def decline(store: Store, task_id: str, reason: str, sender_task: str | None = None) -> Offer:
+def decline(
+    store: Store, paths: Paths, task_id: str, reason: str, sender_task: str | None = None
+) -> Offer:
     """Decline the task's open offer with `reason`; its agent, if running, is told."""
     reason = inputs.reason(reason)
     if not reason:
@@ -104,5 +108,6 @@ def decline(store: Store, task_id: str, reason: str, sender_task: str | None = N
             f"Your task's handoff offer {made.id} to {made.coder} was declined by"
             f" {made.decided_by}: {reason}. Carry on with the task yourself."
         )
-        store.send_messages([task_id], coordination.message_text(text), store.actor.by, sender_task)
+        by = store.actor.by
+        coordination.post(store, paths, [task_id], coordination.message_text(text), by, sender_task)
     return made

@@ -22,6 +22,7 @@ from fleet.paths import Paths, ensure_dir, program
 
 KILL = ".kill"
 FOCUS = ".focus"  # rung by fleet-ask's set_focus: the runner re-reads the focus for its status
+MAIL = ".mail"  # rung when a message is stored for the task: the coder's hook delivers it
 SENTINELS = (KILL,)
 SETTLED = ".settled-"  # + the invocation id: fleet-run applied the policy itself
 

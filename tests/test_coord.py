@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import re
 import sqlite3
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -446,3 +447,42 @@ def test_an_agent_of_the_offered_coder_reads_the_offer_and_accepts_it(
     assert store.get(original).status == Status.HANDED_OFF
     (offer,) = store.offers(original)
     assert (offer.status, offer.decided_by) == ("accepted", "agent")
+
+
+def test_claudes_hook_delivers_messages_with_the_result_of_any_tool(
+    store: Store, project: Path, home: Path
+) -> None:
+    from fleet.coders.claude import hook_settings
+
+    task = running(store, project)
+    task_dir = home / "tasks" / task
+    task_dir.mkdir(parents=True)
+    settings = hook_settings(task_dir, {"FLEET_TASK_ID": task, "FLEET_HOME": str(home)})
+    (command,) = [h["command"] for m in settings["hooks"]["PostToolUse"] for h in m["hooks"]]
+
+    def after(tool: str) -> str:
+        """What the hook prints after a call of `tool`, run as Claude Code runs it."""
+        done = subprocess.run(
+            ["sh", "-c", command],
+            input=json.dumps({"hook_event_name": "PostToolUse", "tool_name": tool}),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert after("Bash") == ""  # no mail: the shell's test alone
+    coordination.send(store, resolve(), "root@host", None, task, "look at the logs first")
+    assert (task_dir / ".mail").exists()
+    # fleet's own tools bring messages with their results: the hook leaves them alone.
+    assert after("mcp__fleet__claims") == "" and (task_dir / ".mail").exists()
+    out = json.loads(after("Edit"))["hookSpecificOutput"]
+    assert out["hookEventName"] == "PostToolUse"
+    assert out["additionalContext"].startswith("Messages for you (from other agents or a person)")
+    assert "from root@host at " in out["additionalContext"]
+    assert out["additionalContext"].endswith("\n  look at the logs first")
+    assert not (task_dir / ".mail").exists()
+    assert after("Bash") == ""
+    assert store.take_messages(task) == []  # shown once

@@ -5,6 +5,7 @@ fleet-ask; a person takes part with `fleet message`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import uuid
@@ -81,10 +82,8 @@ def test_the_second_agents_claim_is_refused_until_the_first_releases(
     one, two = uuid.uuid4().hex, uuid.uuid4().hex
     first = fleet.add("the parser", "--coder", "claude", "-d", f"FLEET-SCENARIO:lease-first:{one}")
     second = fleet.add("the lexer", "--coder", "claude", "-d", f"FLEET-SCENARIO:lease-second:{two}")
-    with (
-        running(first, project, tmp_path / "first.jsonl") as agent_one,
-        running(second, project, tmp_path / "second.jsonl") as agent_two,
-    ):
+    with contextlib.ExitStack() as stack:
+        agent_one = stack.enter_context(running(first, project, tmp_path / "first.jsonl"))
         # The first agent holds the lease, then waits in its shell; its runner shows its focus.
         until(lambda: (first, anthropic.LEASED) in holders(), "the first claim", tmp_path)
         until(
@@ -92,6 +91,7 @@ def test_the_second_agents_claim_is_refused_until_the_first_releases(
             "the focus in the first runner's live figures",
             tmp_path,
         )
+        agent_two = stack.enter_context(running(second, project, tmp_path / "second.jsonl"))
         # The second's claim is refused, naming the first, its note and its lease's end.
         until(lambda: has_result(server, two, anthropic.CLAIM_TOOL), "the second claim", tmp_path)
         (refused,) = last_results(server, two, anthropic.CLAIM_TOOL)
@@ -103,16 +103,22 @@ def test_the_second_agents_claim_is_refused_until_the_first_releases(
         assert sent.code == 0, sent.err
         (project / anthropic.RELEASE_FILE).touch()
         until(lambda: holders() == [], "the release", tmp_path)
-        # The message came with the result of the agent's next tool call, the release.
+        # The message came with the result of the agent's next tool call, its shell command
+        # (through Claude Code's PostToolUse hook), and only there.
         until(
             lambda: has_result(server, one, anthropic.RELEASE_TOOL),
             "the release's result",
             tmp_path,
         )
         (released,) = last_results(server, one, anthropic.RELEASE_TOOL)
-        assert released.startswith(f"Released {anthropic.LEASED}.")
-        assert "Messages for you (from other agents or a person)" in released
-        assert MESSAGE in released
+        assert released == f"Released {anthropic.LEASED}."
+        after_wait = [
+            b for b in server.calls(one) if anthropic.commands(b)[-1:] == [anthropic.WAIT_RELEASE]
+        ]
+        assert after_wait, "no request after the shell command"
+        history = json.dumps(after_wait[0]["messages"])
+        assert "PostToolUse:Bash hook additional context: Messages for you" in history
+        assert MESSAGE in history
         # Now the second's claim succeeds.
         (project / anthropic.RETRY_FILE).touch()
         assert agent_one.wait(timeout=DEADLINE) == 0, (tmp_path / "first.err").read_text()

@@ -67,7 +67,7 @@ def message_cmd(app: App, words: tuple[str, ...], to_all: bool, as_json: bool) -
     to = "all" if to_all else words[0]
     text = inputs.read_arg(words[-1], "message", inputs.MAX_REASON)
     sender_task = agent_task()
-    sent = coordination.send(app.store, app.store.actor.by, sender_task, to, text)
+    sent = coordination.send(app.store, app.paths, app.store.actor.by, sender_task, to, text)
     if as_json:
         emit_objects((m.to_json() for m in sent), "json")
         return
@@ -142,7 +142,7 @@ def decline_cmd(app: App, task_id: str, reason: str) -> None:
     from fleet import offers
     from fleet.audit import agent_task
 
-    made = offers.decline(app.store, task_id, reason, agent_task())
+    made = offers.decline(app.store, app.paths, task_id, reason, agent_task())
     emit_text(f"{made.id}")
 
 

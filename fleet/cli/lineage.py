@@ -114,7 +114,7 @@ def offer_task(
     if expires is not None and expires < 1:
         raise InputError("--expires must be at least 1 second")
     coder, model = lineage.target(to)
-    made = offers.offer(app.store, app.config, task_id, coder, model, context, expires)
+    made = offers.offer(app.store, app.paths, app.config, task_id, coder, model, context, expires)
     if made.status == "accepted" and made.successor:  # the handoff_offers policy accepted it
         if app.store.get(task_id).claimed_by is not None:
             _stop(app, task_id, block=block)
