@@ -41,6 +41,8 @@ EXPECTED = (
     + MET,
     r"fleet message -> in the receiver's next tool result: median [\d.]+ ms \(no target\)",
     r"a tool call with no message waiting: median [\d.]+ ms \(no target\)",
+    r"send_message -> in Claude Code's hook after any tool: median [\d.]+ ms"
+    r" \(target <= 200 ms" + MET,
     r"messages runs: 3 messages from an agent and 3 from a person",
     r"question asked -> Telegram message sent, by the delivery process alone: median [\d.]+ ms"
     r" \(target <= 500 ms",
