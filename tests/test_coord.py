@@ -10,6 +10,7 @@ import os
 import re
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from fleet.model import AttemptEnd, Status, TaskSpec
 from fleet.paths import resolve
 from fleet.store import Store, open_store
 from fleet.store.coord import CLAIM_FIELDS, MESSAGE_FIELDS, OFFER_FIELDS
+from tests import test_questions
 from tests.conftest import Fleet, run_fleet
 from tests.test_questions import agent
 
@@ -486,3 +488,24 @@ def test_claudes_hook_delivers_messages_with_the_result_of_any_tool(
     assert not (task_dir / ".mail").exists()
     assert after("Bash") == ""
     assert store.take_messages(task) == []  # shown once
+
+
+# ---------------------------------------------------------------------- under systemd
+
+systemd, units = test_questions.systemd, test_questions.units  # the fixtures, by their names
+FOCUS_AGENT = Path(__file__).parent / "fixtures" / "focus_agent.py"
+
+
+def test_the_units_status_line_shows_the_agents_focus(units: Any) -> None:
+    fleet = units
+    task_id = fleet.add(f"{sys.executable} {FOCUS_AGENT} 'migrating the schema' 'Go on?'")
+    (q,) = json.loads(fleet("questions", "--wait", "--json", "--timeout", "60").stdout)
+    unit = f"fleet-task@{task_id}"
+
+    def status() -> str:
+        return str(fleet.box.systemctl("show", "-p", "StatusText", unit).stdout)
+
+    fleet.box.wait_for(lambda: "focus: migrating the schema" in status(), what="the focus")
+    assert "focus: migrating the schema" in fleet("ls").stdout
+    fleet("answer", q["id"], "yes")
+    assert fleet.wait(task_id) == 0
