@@ -305,4 +305,13 @@ def agents(store: Store, paths: Paths, task_id: str) -> str:
         lines += [
             f"- {t.id}: {t.title} [{t.status}{', ' + t.reason if t.reason else ''}]" for t in others
         ]
+    mine = me.coder or ""
+    offered = [o for o in store.offers(open_only=True) if o.coder == mine and o.task != me.id]
+    if offered:
+        lines.append(f"Open handoff offers to your coder ({mine}; accept_handoff takes one):")
+        lines += [
+            f"- offer {o.id}: task {o.task}, until {o.expires_at}"
+            + (f"; context: {o.context}" if o.context else "")
+            for o in offered
+        ]
     return "\n".join(lines)

@@ -440,6 +440,9 @@ def test_an_agent_of_the_offered_coder_reads_the_offer_and_accepts_it(
             text, _ = await call(session, "read_messages")
             assert f"task {original} (the original) is offered to command" in text
             assert "Context: half done" in text and "accept_handoff(task=" in text
+            text, _ = await call(session, "list_agents")
+            assert "Open handoff offers to your coder (command; accept_handoff takes one):" in text
+            assert f": task {original}, until " in text and "; context: half done" in text
             text, error = await call(session, "accept_handoff", task=other)
             assert error and f"{other} has no handoff offer" in text
             text, error = await call(session, "accept_handoff", task=original)
