@@ -136,3 +136,44 @@ def test_the_second_agents_claim_is_refused_until_the_first_releases(
     (note,) = json.loads(fleet.ok("messages", first, "--json"))
     assert (note["text"], note["read_at"] is not None) == (MESSAGE, True)
     assert holders() == []  # the second's lease ended with its attempt
+
+
+def test_an_offer_declined_then_one_accepted_while_a_real_agent_works(
+    fleet: Fleet, project: Path, server: Server, tmp_path: Path
+) -> None:
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    configure(fleet, server, tmp_path / "claude-home")
+    key = uuid.uuid4().hex
+    task = fleet.add("the parser", "--coder", "claude", "-d", f"FLEET-SCENARIO:lease-first:{key}")
+    with running(task, project, tmp_path / "agent.jsonl") as agent:
+        until(lambda: (task, anthropic.LEASED) in holders(), "the agent's claim", tmp_path)
+        first = fleet.ok("handoff", task, "--to", "claude:opus", "--offer", "--context", "ctx")
+        fleet.ok("decline", task, "--reason", "it is nearly done")
+        assert shown(fleet, task)["status"] == "running"  # declined: the agent goes on
+        second = fleet.ok("handoff", task, "--to", "claude", "--offer")
+        successor = fleet.ok("accept", task).strip()
+        # Accepted: the agent's attempt is stopped, its lease ends with it.
+        assert agent.wait(timeout=DEADLINE) != 0
+    assert holders() == []
+    assert shown(fleet, task)["status"] == "handed-off"
+    assert shown(fleet, successor)["predecessor"] == task
+    offers = {o["id"]: o for o in json.loads(fleet.ok("offers", task, "--json"))}
+    assert offers[int(first)]["status"] == "declined"
+    assert offers[int(first)]["reason"] == "it is nearly done"
+    assert (offers[int(second)]["status"], offers[int(second)]["successor"]) == (
+        "accepted",
+        successor,
+    )
+    (told,) = json.loads(fleet.ok("messages", task, "--json"))
+    assert "was declined by " in told["text"] and "it is nearly done" in told["text"]
+    trail = [e["action"] for e in json.loads(fleet.ok("history", task, "--json"))]
+    handoffs = [a for a in trail if a.startswith("hand")]
+    assert handoffs == [
+        "handoff-offered",
+        "handoff-declined",
+        "handoff-offered",
+        "handoff-accepted",
+        "handed-off",
+    ]
+    assert trail.index("leased") < trail.index("handoff-offered")
+    assert trail[-1] == "ended"
