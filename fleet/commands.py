@@ -89,10 +89,20 @@ inspector) with FLEET_TASK_ID of a running task.
 
 
 @click.command("fleet-ask", context_settings=_SETTINGS, help=_ASK_HELP)
-def ask() -> None:
+@click.option(
+    "--deliver",
+    is_flag=True,
+    help="Run as a coder's post-tool hook instead: read the hook's event (JSON) on standard"
+    " input and print the messages waiting for the task as the hook's added context (Claude"
+    " Code's PostToolUse); print nothing when there are none.",
+)
+def ask(deliver: bool) -> None:
     from fleet import programs
 
-    programs.ask()
+    if deliver:
+        programs.deliver()
+    else:
+        programs.ask()
 
 
 @click.command("fleet-telegram", context_settings=_SETTINGS)

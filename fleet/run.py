@@ -24,6 +24,7 @@ from typing import NamedTuple
 from fleet import (
     checkpoints,
     coders,
+    coordination,
     ids,
     lineage,
     live,
@@ -206,6 +207,7 @@ class Attempt:
         self.limits = limits
         self.tally = Tally()
         self.asking: str | None = None  # "q-…: the question" while the agent waits for a person
+        self.focus: str | None = None  # what the agent said it works on (set_focus)
         self.stopped_by: str | None = None
         self.kill_at: float | None = None
         self.recorded: str | None = None  # the session id noted on the attempt's row
@@ -222,6 +224,8 @@ class Attempt:
     def status_line(self) -> str:
         t = self.tally
         parts = [f"waiting for a person: {self.asking}"] if self.asking else []
+        if self.focus:
+            parts.append(f"focus: {self.focus}")
         parts.append(self.task.coder or "?")
         if self.task.model:
             parts.append(self.task.model)
@@ -329,6 +333,7 @@ class Attempt:
             "cost_source": spent.source,
             "last_tool": t.last_tool,
             "asking": self.asking,
+            "focus": self.focus,
             "stopping": self.stopped_by,
             "session": t.session,
             "usage": usage.models_json(spent.models),
@@ -356,6 +361,11 @@ class Attempt:
         q = self.store.question(qid)
         text = " ".join(q.text.split())
         self.asking = f"{q.id} ({q.kind}) " + (text if len(text) <= 100 else text[:99] + "…")
+
+    def focus_changed(self) -> None:
+        """Re-read the agent's focus, after its set_focus rang the task's sentinel."""
+        found = self.store.focuses().get(self.task.id)
+        self.focus = found[0] if found else None
 
     @property
     def coder_name(self) -> str:
@@ -495,6 +505,9 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     names = {e.name for e in inotify.read(timeout=0)}
                     if taskdir.KILL in names:
                         run.stop("kill-file")
+                    if taskdir.FOCUS in names:
+                        run.focus_changed()
+                        next_status = now
                     if questions.SENTINEL in names:
                         run.questions_changed()
                         next_status = now
@@ -763,6 +776,10 @@ class Runner:
         if notes:
             prompt = prompt.rstrip("\n") + "\n\n" + notes
         plan = resumption(self.store, task, self.coder_name, previous)
+        if (
+            plan
+        ):  # the leases its checkpoint saved, taken back where still free (fleet.coordination)
+            plan = coordination.resumed_with_claims(self.store, task.id, plan)
         resume = plan.session if plan and coder.resumes else None
         baseline = self.store.session_totals(task.id, resume) if resume else None
         fresh = prompt + ("\n" + plan.fresh_note if plan else "")

@@ -30,7 +30,7 @@ import pytest
 
 from fleet.audit import MSG_CHECKPOINTED, MSG_RESUMED, MSG_SUSPENDED
 from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdict
-from fleet.coders.claude import MCP_FILE, MCP_TIMEOUT_MS, TMP_DIR, ClaudeCoder
+from fleet.coders.claude import MCP_FILE, MCP_TIMEOUT_MS, SETTINGS_FILE, TMP_DIR, ClaudeCoder
 from fleet.events import MSG_STARTED
 from fleet.timeutil import parse
 from tests import sandbox
@@ -457,6 +457,10 @@ def test_prepare_writes_the_fleet_ask_server(tmp_path: Path, home: Path) -> None
         }
     }
     assert (run.task_dir / TMP_DIR).is_dir()
+    (hooks,) = json.loads((run.task_dir / SETTINGS_FILE).read_text())["hooks"]["PostToolUse"]
+    (hook,) = hooks["hooks"]
+    assert hook["type"] == "command" and hook["command"].endswith("fleet-ask --deliver")
+    assert f"FLEET_TASK_ID=fl-abc123 FLEET_HOME={home} exec " in hook["command"]
 
 
 def test_environ_caps_retries_and_sets_is_sandbox_only_as_root(tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ from fleet.store.base import (
     TaskFilter,
     is_merge_claim,
 )
+from fleet.store.coord import SQLiteCoordination
 from fleet.store.schema import APPLICATION_ID, MIGRATIONS, VERSION
 from fleet.timeutil import iso, now_iso
 
@@ -217,7 +218,7 @@ def _db_errors(path: object) -> Iterator[None]:
         ) from e
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteCoordination):
     def __init__(
         self, db: sqlite3.Connection, lock_fd: int, path: object, actor: audit.Actor
     ) -> None:
