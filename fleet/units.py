@@ -134,7 +134,12 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             'ExecStopPost=/bin/sh -c \'test -e "$$0/.settled-$$INVOCATION_ID" || exec "$$@"\''
             f" {tasks} {_program(inst, 'fleet-reap')} %i",
             "Slice=fleet.slice",
-            "KillMode=control-group",
+            # A stop signals fleet-run alone, which gives the agent its coder's own stop signal
+            # (claude and codex print what they spent only on SIGINT) and SIGKILL after
+            # stop_grace_seconds; systemd then SIGKILLs whatever is left in the cgroup (tools in
+            # sessions of their own). With control-group the agent would get SIGTERM from
+            # systemd at the same moment, and whichever signal it handled first would decide.
+            "KillMode=mixed",
             "TimeoutStartSec=60",
             f"TimeoutStopSec={grace + 15}",
             f"WatchdogSec={config.get_int('watchdog_seconds')}",
