@@ -1046,6 +1046,7 @@ def test_a_suspended_session_resumes_with_its_history(box: Box, server: Server) 
     # resume (the close, the final text), its cost taken against the suspended run's totals.
     made = len(server.calls(key)) - calls_before
     assert (calls_before, made) == (4, 2)
+    assert suspended["exit_status"] == 0  # 2.1.332 exits 0 after an aborted result (on SIGINT)
     (printed,) = box.box.journal(
         f"FLEET_TASK_ID={task_id}", "FLEET_ATTEMPT=1", "FLEET_EVENT=result"
     )
