@@ -55,6 +55,12 @@ def run_cmd(task_id: str) -> int:
     itself fails (a full disk under the store), it stops the agent and every tool it started
     before it exits.
 
+    A stop (fleet kill, suspend, handoff, a timeout: systemd's SIGTERM, which reaches the
+    runner alone) gives the agent its coder's own stop signal (SIGINT for claude and codex,
+    on which they end their tool and report what the attempt spent; SIGTERM for the others),
+    then SIGKILL after stop_grace_seconds; whatever the agent leaves (tools in sessions of
+    their own) is killed as soon as it has exited, before its work is committed.
+
     Exit status: 0 success, 1 failure, 3 stopped, 4 not claimable, 5 the coder could not
     start, 6 rate-limited, 7 stopped at the context limit, 8 stopped at the task's budget.
     """

@@ -382,8 +382,9 @@ def descendant_sessions(root: int) -> set[int]:
     """Session ids of every process below `root` (ppid chains from /proc).
 
     Agent CLIs run their tools in sessions of their own, which a signal to the agent's process
-    group never reaches. Under systemd the unit's cgroup takes care of them; run by hand, the
-    runner remembers these sessions and kills them when the attempt ends.
+    group never reaches. Under systemd the runner finds them in its unit's cgroup instead
+    (unit_processes); run by hand, it remembers these sessions and kills them when the
+    attempt ends.
     """
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
@@ -426,6 +427,59 @@ def stop_tree(proc: subprocess.Popen[bytes], sessions: set[int]) -> None:
         proc.wait(timeout=30)
 
 
+# The signals that stop an attempt: systemd's SIGTERM (KillMode=mixed sends it to the runner
+# alone), and a terminal's SIGINT and SIGHUP by hand.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_received: list[int] = []  # stop signals taken before the loop could hear them
+
+
+def hold_stop_signals() -> None:
+    """From the agent's start on, a stop signal never ends the runner: it is noted, and the
+    loop stops the agent with its coder's own stop signal (the agent gets no other one, so it
+    always has its graceful stop)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda got, _frame: _received.append(got))
+
+
+def unit_processes() -> set[int]:
+    """The other processes in the runner's own fleet-task@ unit's cgroup (systemd's: the
+    unified hierarchy, or name=systemd on a hybrid host); empty outside such a unit."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return set()
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if "/fleet-task@" not in group:
+            continue
+        if controllers == "":
+            bases = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        elif controllers == "name=systemd":
+            bases = ["/sys/fs/cgroup/systemd"]
+        else:
+            continue
+        for base in bases:
+            try:
+                text = Path(f"{base}{group}/cgroup.procs").read_text()
+            except OSError:
+                continue
+            return {int(pid) for pid in text.split()} - {os.getpid()}
+    return set()
+
+
+def end_leftovers(proc: subprocess.Popen[bytes], sessions: set[int], unit: bool) -> None:
+    """SIGKILL what is left of the agent's tree once the agent has exited: its process group,
+    the sessions seen below the runner (by hand), and under systemd (`unit`) everything else
+    in the unit's cgroup (tools in sessions of their own, which the runner does not scan for
+    there), so that none of it holds the agent's output open or still writes in its worktree
+    while the attempt ends, and the unit's stop needs no kill of its own."""
+    for sid in (sessions | {proc.pid}) - {os.getsid(0)}:
+        signal_group(sid, signal.SIGKILL)
+    for pid in unit_processes() if unit else ():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signum)
@@ -450,9 +504,8 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     wake_r, wake_w = socket.socketpair()
     wake_r.setblocking(False)
     wake_w.setblocking(False)
+    hold_stop_signals()
     old_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda *_: None)
     sel.register(wake_r.fileno(), selectors.EVENT_READ, "signal")
     watchdog = run.notifier.watchdog_interval()
     now = time.monotonic()
@@ -467,6 +520,8 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     next_scan = now if sweep else float("inf")
     sessions = run.sessions
     last_status = ""
+    if _received:  # a stop between the agent's start and the wakeup fd's
+        run.stop(f"signal {signal.Signals(_received[-1]).name}")
     if (directory / taskdir.KILL).exists():
         run.stop("kill-file")
     try:
@@ -498,6 +553,8 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     exited = True
                     sel.unregister(pidfd)
                     proc.wait()
+                    if run.stopped_by:  # the rest of the tree goes with it, at once
+                        end_leftovers(proc, sessions, not sweep)
                     # A tool still holding stdout open must not keep the attempt alive.
                     drain_until = time.monotonic() + 1.0
                     next_scan = float("inf")
@@ -551,8 +608,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
             sessions |= descendant_sessions(os.getpid())
         # What the agent left behind: tools in its own process group that closed its output,
         # and tools in sessions of their own.
-        for sid in (sessions | {proc.pid}) - {os.getsid(0)}:
-            signal_group(sid, signal.SIGKILL)
+        end_leftovers(proc, sessions, not sweep)
     finally:
         signal.set_wakeup_fd(old_fd)
         sel.close()
@@ -820,6 +876,7 @@ class Runner:
         argv = coder.argv(spec)
         if not self.invocation:
             adopt_orphans()  # under systemd the unit's cgroup holds every tool
+        hold_stop_signals()  # a stop from here on must reach the agent as its stop signal
         try:
             coder.prepare(spec)
             # The prompt file (0600) as standard input keeps the prompt off the command line,
