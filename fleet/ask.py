@@ -26,9 +26,9 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from fleet import inputs, questions, taskdir
+from fleet import coordination, inputs, questions, taskdir
 from fleet.asktools import TOOLS
-from fleet.errors import FleetError, InputError
+from fleet.errors import Conflict, FleetError, InputError
 from fleet.events import MSG_ANSWER, MSG_QUESTION
 from fleet.journal import Journal, Value
 from fleet.model import Question, QuestionStatus, Status
@@ -48,6 +48,12 @@ the work is finished call task_done; when you cannot go on without a person call
 Record a checkpoint (with a summary a fresh session could continue from) at milestones.
 Split off independent parts with spawn_subtask; hand the task to another coder or model with
 handoff when it is better suited.
+
+Other agents may work in the same directory. Say what you work on with set_focus; claim a
+file or area (a path, a module, a name) before you change it and release it when done; a
+refused claim names the task that holds it and when its lease ends: work on something else
+or send_message it. list_agents shows who does what. Messages for you come at the end of
+any fleet tool's result (read_messages reads them too); answer with send_message.
 """
 
 
@@ -303,6 +309,33 @@ class Asker:
         wake.poke(self.paths)
         return f"Handed off to {successor.id} ({coder}). Stop working now: this attempt ends."
 
+    def set_focus(self, text: str) -> str:
+        text = coordination.focus_text(text)
+        self.store.set_focus(self.task_id, text)
+        taskdir.ring(self.directory, taskdir.FOCUS)  # the runner's status line follows
+        return f"Focus set: {text}"
+
+    def accept_handoff(self, task: str, accept: bool, reason: str) -> str:
+        from fleet import offers, wake
+
+        offered = self.store.resolve(inputs.one_line("task", task, 100))
+        made = offers.open_offer(self.store, offered)
+        mine = self.store.get(self.task_id).coder or self.config.get_str("default_coder")
+        if made.coder != mine:
+            raise Conflict(f"offer {made.id} is for coder {made.coder}; you run as {mine}")
+        if not accept:
+            offers.decline(self.store, self.paths, offered, reason, self.task_id)
+            return f"Declined offer {made.id}; {offered} goes on as it was. Carry on."
+        successor = offers.accept(self.store, self.config, offered)
+        if self.store.get(offered).claimed_by is not None:
+            # The original's attempt is over: its runner stops its agent (as after a handoff).
+            taskdir.ring(taskdir.task_dir(self.paths, offered), taskdir.KILL)
+        wake.poke(self.paths)
+        return (
+            f"Accepted offer {made.id}: {offered} goes on as {successor.id} ({made.coder})."
+            " Carry on with your own task."
+        )
+
     def cancel_mine(self) -> None:
         """At exit: questions of calls still open are cancelled, never left pending."""
         for qid in list(self.asked):
@@ -324,6 +357,10 @@ def for_the_agent() -> Iterator[None]:
 def server(asker: Asker) -> MCPServer:
     app = MCPServer("fleet", instructions=INSTRUCTIONS)
     served: list[str] = []
+
+    def mail(result: str) -> str:
+        """Every tool's result brings the messages that arrived meanwhile: no polling."""
+        return coordination.with_messages(asker.store, asker.paths, asker.task_id, result)
 
     def tool(func: F) -> F:
         """Serve `func` as the tool of its name, with the registry's description."""
@@ -347,28 +384,28 @@ def server(asker: Asker) -> MCPServer:
         ] = False,
     ) -> str:
         with for_the_agent():
-            return await asker.ask(question, kind, options, multi_select, ctx)
+            return mail(await asker.ask(question, kind, options, multi_select, ctx))
 
     @tool
     def notify_human(
         message: Annotated[str, Field(description="What the person should know.")],
     ) -> str:
         with for_the_agent():
-            return asker.notify(message)
+            return mail(asker.notify(message))
 
     @tool
     def task_done(
         summary: Annotated[str, Field(description="What was done and how it was checked.")],
     ) -> str:
         with for_the_agent():
-            return asker.close(summary)
+            return mail(asker.close(summary))
 
     @tool
     def task_blocked(
         reason: Annotated[str, Field(description="What a person must do to unblock it.")],
     ) -> str:
         with for_the_agent():
-            return asker.block(reason)
+            return mail(asker.block(reason))
 
     @tool
     def checkpoint(
@@ -378,7 +415,7 @@ def server(asker: Asker) -> MCPServer:
         ],
     ) -> str:
         with for_the_agent():
-            return asker.checkpoint(summary)
+            return mail(asker.checkpoint(summary))
 
     @tool
     def spawn_subtask(
@@ -395,7 +432,7 @@ def server(asker: Asker) -> MCPServer:
         ] = False,
     ) -> str:
         with for_the_agent():
-            return asker.spawn(title, description, coder, model, depends)
+            return mail(asker.spawn(title, description, coder, model, depends))
 
     @tool
     def handoff(
@@ -406,7 +443,72 @@ def server(asker: Asker) -> MCPServer:
         model: Annotated[str | None, Field(description="The model (default: the coder's).")] = None,
     ) -> str:
         with for_the_agent():
-            return asker.handoff(coder, model, context)
+            return mail(asker.handoff(coder, model, context))
+
+    @tool
+    def claim(
+        resource: Annotated[
+            str, Field(description="What you will change: a path, a module, or a name.")
+        ],
+        ttl_seconds: Annotated[
+            float, Field(description="How long the lease lasts unless released or renewed.")
+        ] = coordination.DEFAULT_LEASE_S,
+        note: Annotated[str, Field(description="What you are doing with it, for others.")] = "",
+    ) -> str:
+        with for_the_agent():
+            return mail(coordination.claim(asker.store, asker.task_id, resource, ttl_seconds, note))
+
+    @tool
+    def release(
+        resource: Annotated[str, Field(description="The resource you claimed.")],
+    ) -> str:
+        with for_the_agent():
+            return mail(coordination.release(asker.store, asker.task_id, resource))
+
+    @tool
+    def claims() -> str:
+        with for_the_agent():
+            return mail(coordination.listing(asker.store, asker.task_id))
+
+    @tool
+    def send_message(
+        to: Annotated[
+            str,
+            Field(description="A task id, or parent, children, siblings or all (running tasks)."),
+        ],
+        text: Annotated[str, Field(description="The message, complete on its own.")],
+    ) -> str:
+        with for_the_agent():
+            sent = coordination.send(
+                asker.store, asker.paths, asker.task_id, asker.task_id, to, text
+            )
+            return mail(coordination.sent_text(sent))
+
+    @tool
+    def read_messages() -> str:
+        with for_the_agent():
+            return coordination.read(asker.store, asker.task_id)
+
+    @tool
+    def list_agents() -> str:
+        with for_the_agent():
+            return mail(coordination.agents(asker.store, asker.paths, asker.task_id))
+
+    @tool
+    def set_focus(
+        text: Annotated[str, Field(description="One line: what you are working on now.")],
+    ) -> str:
+        with for_the_agent():
+            return mail(asker.set_focus(text))
+
+    @tool
+    def accept_handoff(
+        task: Annotated[str, Field(description="The task whose handoff was offered.")],
+        accept: Annotated[bool, Field(description="Accept it (false: decline it).")] = True,
+        reason: Annotated[str, Field(description="Why you decline it.")] = "",
+    ) -> str:
+        with for_the_agent():
+            return mail(asker.accept_handoff(task, accept, reason))
 
     if sorted(served) != sorted(TOOLS):
         raise RuntimeError(f"fleet-ask serves {served}, but fleet.asktools declares {[*TOOLS]}")

@@ -89,6 +89,55 @@ first, and say in `context` what is done and what is left. If fleet refuses, the
 why and you carry on.
 """
 
+CLAIM = """\
+Claim an advisory lease on a resource before you change it, so that other agents working in
+the same directory leave it alone: a path ("fleet/run.py", "docs/"), a module, or any agreed
+name ("db-migrations"). Exactly one task holds a resource at a time. The lease lasts
+ttl_seconds, until you release it, or until this attempt ends; claim again to extend it.
+
+If another task holds it, the claim is refused and the result names that task, its note and
+when its lease runs out: then work on something else, or send it a message, and claim later.
+Leases are advisory: nothing stops an edit, so claim before editing shared areas.
+"""
+
+RELEASE = """\
+Release your lease on a resource as soon as you are done with it, so another agent can claim
+it.
+"""
+
+CLAIMS = """\
+List the leases in force in this task's directory: each resource, the task holding it, its
+note and when it runs out.
+"""
+SEND = """\
+Send a message to the agents of other tasks: `to` is a task id, `parent` (the task that
+spawned this one), `children` (its running subtasks), `siblings` (the other running subtasks
+of its parent) or `all` (every running task). Tell them what they need: a finding that
+changes their work, a question, that you are done with something they wait for. Keep it
+short and complete on its own; the person sees it too.
+"""
+
+READ = """\
+Read the messages sent to this task since you last saw any. You rarely need it: the result
+of every fleet tool call already ends with the messages that arrived meanwhile.
+"""
+AGENTS = """\
+List the other agents: the running tasks (each one's coder and model, phase, focus and the
+resources it holds) and the latest other tasks of this directory with their status. Look
+before starting a piece of work that another agent may already be doing.
+"""
+
+FOCUS = """\
+Say in one line what you are working on now ("fixing the lock timeout in fleet/store"), so
+that people and other agents see it (list_agents, fleet ls, fleet status, systemctl status).
+Set it when you start something new.
+"""
+ACCEPT = """\
+Accept (or decline) a handoff offered to your coder: when a person offers another task to
+the coder you run as, you get a message with the offer's context. Read it; accept and a new
+task of your coder takes that task over (you go on with your own task); decline with a
+reason and the original goes on as it was.
+"""
 
 TOOLS: dict[str, Tool] = {
     t.name: t
@@ -104,6 +153,14 @@ TOOLS: dict[str, Tool] = {
         ),
         Tool("spawn_subtask", "add a subtask to the queue, maybe waiting for it", SPAWN),
         Tool("handoff", "hand the task over to another coder or model", HANDOFF),
+        Tool("claim", "take an advisory lease on a resource (a path, a module, a name)", CLAIM),
+        Tool("release", "release a lease on a resource", RELEASE),
+        Tool("claims", "list the leases in force in the task's directory", CLAIMS),
+        Tool("send_message", "message a task, its parent, children, siblings or all", SEND),
+        Tool("read_messages", "read the messages that arrived since the last read", READ),
+        Tool("list_agents", "who runs now, with what, doing what, holding what", AGENTS),
+        Tool("set_focus", "say in one line what you are working on now", FOCUS),
+        Tool("accept_handoff", "accept or decline a handoff offered to your coder", ACCEPT),
     )
 }
 

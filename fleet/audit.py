@@ -152,6 +152,58 @@ ACTIONS: dict[str, Action] = {
         "A fleet task was changed",
         "@FLEET_BY@ changed fields of fleet task @FLEET_TASK_ID@ (FLEET_FIELDS names them).",
     ),
+    "leased": Action(
+        "5b0f4a3e9c2d4e8a8f61d0c7b2a94e13",
+        "A fleet task's agent claimed a resource",
+        "The agent of fleet task @FLEET_TASK_ID@ holds the advisory lease on @FLEET_RESOURCE@"
+        " (in the task's directory) until @FLEET_UNTIL@, its release, or the end of its"
+        " attempt; other agents' claims of it are refused meanwhile. `fleet claims` lists"
+        " the leases in force.",
+    ),
+    "lease-released": Action(
+        "a7c3e1d95b2f4c06b8e4f9a1d3c56e70",
+        "A fleet task's agent released a resource",
+        "The agent of fleet task @FLEET_TASK_ID@ released its lease on @FLEET_RESOURCE@.",
+    ),
+    "messaged": Action(
+        "3e9b7d2c6a1f4b58a0c4e2f7d91b6a35",
+        "A message was sent to a fleet task's agent",
+        "@FLEET_SENDER@ sent message @FLEET_MESSAGE@ to the agent of fleet task"
+        " @FLEET_TASK_ID@; the agent sees it with the result of its next fleet tool call (or"
+        " read_messages). `fleet messages @FLEET_TASK_ID@` lists them.",
+    ),
+    "handoff-offered": Action(
+        "0c1d6e4b8a3f4f27b95e7a2d4c8b1f60",
+        "A fleet task was offered for handoff",
+        "@FLEET_BY@ offered fleet task @FLEET_TASK_ID@ to coder @FLEET_CODER@ (offer"
+        " @FLEET_OFFER@) until @FLEET_EXPIRES_AT@. Nothing changes until it is accepted (`fleet"
+        " accept @FLEET_TASK_ID@`, the handoff_offers policy, or an agent of that coder): the"
+        " task goes on meanwhile, and goes on as it is if the offer is declined or expires.",
+    ),
+    "handoff-accepted": Action(
+        "6a2e9f1c3b7d4e05a8c6d2f4b1e97a38",
+        "A handoff offer was accepted",
+        "@FLEET_BY@ accepted handoff offer @FLEET_OFFER@ of fleet task @FLEET_TASK_ID@ to coder"
+        " @FLEET_CODER@; the handoff follows as its own entry.",
+    ),
+    "handoff-declined": Action(
+        "d48b2c7e9f1a4b63a5e0c8d7f2b6e914",
+        "A handoff offer was declined",
+        "@FLEET_BY@ declined handoff offer @FLEET_OFFER@ of fleet task @FLEET_TASK_ID@ to coder"
+        " @FLEET_CODER@: @FLEET_REASON@. The task goes on as it was.",
+    ),
+    "handoff-expired": Action(
+        "91f3a6d2c4e84b7fa0d5e6c2b8a7f153",
+        "A handoff offer expired",
+        "Handoff offer @FLEET_OFFER@ of fleet task @FLEET_TASK_ID@ was neither accepted nor"
+        " declined in time; the task goes on as it was.",
+    ),
+    "handoff-failed": Action(
+        "b5e8c1a7d3f24e96b0a4c9d6e2f81a27",
+        "An accepted handoff offer could not be carried out",
+        "Handoff offer @FLEET_OFFER@ of fleet task @FLEET_TASK_ID@ was accepted by @FLEET_BY@,"
+        " but the handoff was refused: @FLEET_REASON@. The task goes on as it was.",
+    ),
 }
 # Written by the program that did it, with its own MESSAGE_ID (fleet.events) and fields.
 JOURNALED_ELSEWHERE = ("started", "asked", "answered")
@@ -188,6 +240,12 @@ def describe(row: Row) -> str:
         "merged-back": lambda: f": {d.get('state')} {str(d.get('commit') or '')[:12]}".rstrip(),
         "merge-blocked": lambda: f": {d.get('state')}",
         "merge-waits": lambda: f": {d.get('reason')}",
+        "leased": lambda: f" {d.get('resource')} until {d.get('until')}",
+        "lease-released": lambda: f" {d.get('resource')}",
+        "messaged": lambda: f": message {d.get('message')} from {d.get('sender')}",
+        "handoff-offered": lambda: f" to {d.get('coder')} (offer {d.get('offer')})",
+        "handoff-declined": lambda: f": {d.get('reason')}",
+        "handoff-failed": lambda: f": {d.get('reason')}",
         "merged": lambda: (
             f" from {' '.join(d['from'])}" if "from" in d else f" into {d.get('into')}"
         ),

@@ -65,6 +65,8 @@ def take(store: Store, task_id: str, by: str, summary: str) -> Checkpoint:
         note,
     )
     cp = store.add_checkpoint(task_id, spec)
+    # The leases the agent holds now: the attempt that resumes from here takes them back.
+    store.save_claims(task_id, cp.n)
     if snap is not None and cp.ref:
         try:
             wipref.point(snap.repo, cp.ref, snap.commit)

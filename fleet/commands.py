@@ -55,6 +55,12 @@ def run_cmd(task_id: str) -> int:
     itself fails (a full disk under the store), it stops the agent and every tool it started
     before it exits.
 
+    A stop (fleet kill, suspend, handoff, a timeout: systemd's SIGTERM, which reaches the
+    runner alone) gives the agent its coder's own stop signal (SIGINT for claude and codex,
+    on which they end their tool and report what the attempt spent; SIGTERM for the others),
+    then SIGKILL after stop_grace_seconds; whatever the agent leaves (tools in sessions of
+    their own) is killed as soon as it has exited, before its work is committed.
+
     Exit status: 0 success, 1 failure, 3 stopped, 4 not claimable, 5 the coder could not
     start, 6 rate-limited, 7 stopped at the context limit, 8 stopped at the task's budget.
     """
@@ -89,10 +95,20 @@ inspector) with FLEET_TASK_ID of a running task.
 
 
 @click.command("fleet-ask", context_settings=_SETTINGS, help=_ASK_HELP)
-def ask() -> None:
+@click.option(
+    "--deliver",
+    is_flag=True,
+    help="Run as a coder's post-tool hook instead: read the hook's event (JSON) on standard"
+    " input and print the messages waiting for the task as the hook's added context (Claude"
+    " Code's PostToolUse); print nothing when there are none.",
+)
+def ask(deliver: bool) -> None:
     from fleet import programs
 
-    programs.ask()
+    if deliver:
+        programs.deliver()
+    else:
+        programs.ask()
 
 
 @click.command("fleet-telegram", context_settings=_SETTINGS)

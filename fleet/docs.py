@@ -36,6 +36,7 @@ from fleet.paths import resolve
 from fleet.settings import BUILTIN_CODERS, CODER_SETTINGS, SETTINGS, Setting, template
 from fleet.stats import FIELDS as STATS_FIELDS
 from fleet.status import FIELDS as STATUS_FIELDS
+from fleet.store.coord import CLAIM_FIELDS, MESSAGE_FIELDS, OFFER_FIELDS
 
 PROG = "fleet"
 COMPLETE_VAR = "_FLEET_COMPLETE"
@@ -496,6 +497,17 @@ def json_output(root: click.Context) -> list[str]:
         ".PP",
         f"{bold('fleet history --json')} lists a task's audit entries, oldest first:",
         *field_list(AUDIT_FIELDS),
+        ".PP",
+        f"{bold('fleet claims --json')} lists the leases in force, by directory, oldest first:",
+        *field_list(CLAIM_FIELDS),
+        ".PP",
+        f"{bold('fleet messages --json')} lists messages, oldest first, and"
+        f" {bold('fleet message --json')} those it sent:",
+        *field_list(MESSAGE_FIELDS),
+        ".PP",
+        f"{bold('fleet offers --json')} lists handoff offers, oldest first, and"
+        f" {bold('fleet handoff --offer --json')} prints the one it made:",
+        *field_list(OFFER_FIELDS),
         ".PP",
         f"In {bold('fleet show --json')}, each attempt object also has {bold('usage')}: its"
         " tokens and cost by model, a list of objects with model, calls, input, output,"

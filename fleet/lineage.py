@@ -80,22 +80,9 @@ def handoff(
 ) -> Task:
     """Offer the task to `coder` (and `model`); the successor if accepted, else InputError
     (no such coder) or Conflict (not usable here, or the task is finished)."""
-    from fleet import inputs
-    from fleet.cli.setup import coder_check
-
-    coder = inputs.name("coder", coder)
-    model = inputs.name("model", model) if model else None
-    context = inputs.text("context", context or "", MAX_CONTEXT) or None
-    if coder not in config.coders:
-        raise InputError(
-            f"handoff refused: no coder {coder!r} is configured",
-            hint="configured coders: " + ", ".join(config.coders),
-        )
+    coder, model, context = check_handoff(config, coder, model, context)
     # Which statuses may be handed off is the store's rule (its Conflict says so).
     task = store.get(task_id)
-    usable, _, message, hint = coder_check(config, coder)
-    if not usable:
-        raise Conflict(f"handoff refused: {message}", hint=hint or None)
     # A successor of a worktree task goes on from the predecessor's branch (its first attempt
     # starts its own branch there) and merges back where the predecessor would have.
     successor = TaskSpec(
@@ -117,6 +104,28 @@ def handoff(
         max_tokens=task.max_tokens,
     )
     return store.handoff(task_id, successor, context)
+
+
+def check_handoff(
+    config: Config, coder: str, model: str | None, context: str | None
+) -> tuple[str, str | None, str | None]:
+    """(coder, model, context) checked for a handoff: InputError if no such coder is
+    configured, Conflict if it is not usable here."""
+    from fleet import inputs
+    from fleet.cli.setup import coder_check
+
+    coder = inputs.name("coder", coder)
+    model = inputs.name("model", model) if model else None
+    context = inputs.text("context", context or "", MAX_CONTEXT) or None
+    if coder not in config.coders:
+        raise InputError(
+            f"handoff refused: no coder {coder!r} is configured",
+            hint="configured coders: " + ", ".join(config.coders),
+        )
+    usable, _, message, hint = coder_check(config, coder)
+    if not usable:
+        raise Conflict(f"handoff refused: {message}", hint=hint or None)
+    return coder, model, context
 
 
 def spent(store: Store, task: Task) -> tuple[float, int]:

@@ -124,6 +124,29 @@ def ask() -> None:
     serve()
 
 
+def deliver() -> None:
+    """fleet-ask --deliver: the messages waiting for $FLEET_TASK_ID, as a Claude Code
+    PostToolUse hook prints them (nothing if none, or off a task)."""
+    import json
+    import os
+    import sys
+
+    from fleet import coordination
+    from fleet.paths import resolve
+
+    task_id = os.environ.get("FLEET_TASK_ID", "")
+    try:
+        event = json.loads(sys.stdin.read() or "{}")
+    except ValueError:
+        event = {}
+    if not task_id:
+        return
+    text = coordination.hook(resolve(), task_id, event if isinstance(event, dict) else {})
+    if text:
+        out = {"hookSpecificOutput": {"hookEventName": "PostToolUse", "additionalContext": text}}
+        sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+
+
 def telegram() -> None:
     from fleet.telegram.poller import main as poll
 
@@ -138,6 +161,8 @@ def _fast(prog: str, argv: Sequence[str]) -> Callable[[], object] | None:
         return lambda: claim(bool(argv))
     if prog == "fleet-ask" and not argv:
         return ask
+    if prog == "fleet-ask" and list(argv) == ["--deliver"]:
+        return deliver
     if prog == "fleet-telegram" and not argv:
         return telegram
     return None

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from fleet import (
     checkpoints,
     coders,
+    coordination,
     ids,
     lineage,
     live,
@@ -207,6 +208,7 @@ class Attempt:
         self.limits = limits
         self.tally = Tally()
         self.asking: str | None = None  # "q-…: the question" while the agent waits for a person
+        self.focus: str | None = None  # what the agent said it works on (set_focus)
         self.stopped_by: str | None = None
         self.kill_at: float | None = None
         self.recorded: str | None = None  # the session id noted on the attempt's row
@@ -223,6 +225,8 @@ class Attempt:
     def status_line(self) -> str:
         t = self.tally
         parts = [f"waiting for a person: {self.asking}"] if self.asking else []
+        if self.focus:
+            parts.append(f"focus: {self.focus}")
         parts.append(self.task.coder or "?")
         if self.task.model:
             parts.append(self.task.model)
@@ -330,6 +334,7 @@ class Attempt:
             "cost_source": spent.source,
             "last_tool": t.last_tool,
             "asking": self.asking,
+            "focus": self.focus,
             "stopping": self.stopped_by,
             "session": t.session,
             "usage": usage.models_json(spent.models),
@@ -358,6 +363,11 @@ class Attempt:
         text = " ".join(q.text.split())
         self.asking = f"{q.id} ({q.kind}) " + (text if len(text) <= 100 else text[:99] + "…")
 
+    def focus_changed(self) -> None:
+        """Re-read the agent's focus, after its set_focus rang the task's sentinel."""
+        found = self.store.focuses().get(self.task.id)
+        self.focus = found[0] if found else None
+
     @property
     def coder_name(self) -> str:
         return self.task.coder or self.coder.name
@@ -373,8 +383,9 @@ def descendant_sessions(root: int) -> set[int]:
     """Session ids of every process below `root` (ppid chains from /proc).
 
     Agent CLIs run their tools in sessions of their own, which a signal to the agent's process
-    group never reaches. Under systemd the unit's cgroup takes care of them; run by hand, the
-    runner remembers these sessions and kills them when the attempt ends.
+    group never reaches. Under systemd the runner finds them in its unit's cgroup instead
+    (unit_processes); run by hand, it remembers these sessions and kills them when the
+    attempt ends.
     """
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
@@ -417,6 +428,59 @@ def stop_tree(proc: subprocess.Popen[bytes], sessions: set[int]) -> None:
         proc.wait(timeout=30)
 
 
+# The signals that stop an attempt: systemd's SIGTERM (KillMode=mixed sends it to the runner
+# alone), and a terminal's SIGINT and SIGHUP by hand.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_received: list[int] = []  # stop signals taken before the loop could hear them
+
+
+def hold_stop_signals() -> None:
+    """From the agent's start on, a stop signal never ends the runner: it is noted, and the
+    loop stops the agent with its coder's own stop signal (the agent gets no other one, so it
+    always has its graceful stop)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda got, _frame: _received.append(got))
+
+
+def unit_processes() -> set[int]:
+    """The other processes in the runner's own fleet-task@ unit's cgroup (systemd's: the
+    unified hierarchy, or name=systemd on a hybrid host); empty outside such a unit."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return set()
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if "/fleet-task@" not in group:
+            continue
+        if controllers == "":
+            bases = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        elif controllers == "name=systemd":
+            bases = ["/sys/fs/cgroup/systemd"]
+        else:
+            continue
+        for base in bases:
+            try:
+                text = Path(f"{base}{group}/cgroup.procs").read_text()
+            except OSError:
+                continue
+            return {int(pid) for pid in text.split()} - {os.getpid()}
+    return set()
+
+
+def end_leftovers(proc: subprocess.Popen[bytes], sessions: set[int], unit: bool) -> None:
+    """SIGKILL what is left of the agent's tree once the agent has exited: its process group,
+    the sessions seen below the runner (by hand), and under systemd (`unit`) everything else
+    in the unit's cgroup (tools in sessions of their own, which the runner does not scan for
+    there), so that none of it holds the agent's output open or still writes in its worktree
+    while the attempt ends, and the unit's stop needs no kill of its own."""
+    for sid in (sessions | {proc.pid}) - {os.getsid(0)}:
+        signal_group(sid, signal.SIGKILL)
+    for pid in unit_processes() if unit else ():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signum)
@@ -441,9 +505,8 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     wake_r, wake_w = socket.socketpair()
     wake_r.setblocking(False)
     wake_w.setblocking(False)
+    hold_stop_signals()
     old_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda *_: None)
     sel.register(wake_r.fileno(), selectors.EVENT_READ, "signal")
     watchdog = run.notifier.watchdog_interval()
     now = time.monotonic()
@@ -461,6 +524,8 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     next_scan = now if sweep else float("inf")
     sessions = run.sessions
     last_status = ""
+    if _received:  # a stop between the agent's start and the wakeup fd's
+        run.stop(f"signal {signal.Signals(_received[-1]).name}")
     if (directory / taskdir.KILL).exists():
         run.stop("kill-file")
     try:
@@ -492,6 +557,8 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     exited = True
                     sel.unregister(pidfd)
                     proc.wait()
+                    if run.stopped_by:  # the rest of the tree goes with it, at once
+                        end_leftovers(proc, sessions, not sweep)
                     # A tool still holding stdout open must not keep the attempt alive.
                     drain_until = time.monotonic() + 1.0
                     next_scan = float("inf")
@@ -499,6 +566,9 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     names = {e.name for e in inotify.read(timeout=0)}
                     if taskdir.KILL in names:
                         run.stop("kill-file")
+                    if taskdir.FOCUS in names:
+                        run.focus_changed()
+                        next_status = now
                     if questions.SENTINEL in names:
                         run.questions_changed()
                         next_status = now
@@ -557,8 +627,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
             sessions |= descendant_sessions(os.getpid())
         # What the agent left behind: tools in its own process group that closed its output,
         # and tools in sessions of their own.
-        for sid in (sessions | {proc.pid}) - {os.getsid(0)}:
-            signal_group(sid, signal.SIGKILL)
+        end_leftovers(proc, sessions, not sweep)
     finally:
         signal.set_wakeup_fd(old_fd)
         sel.close()
@@ -782,6 +851,10 @@ class Runner:
         if notes:
             prompt = prompt.rstrip("\n") + "\n\n" + notes
         plan = resumption(self.store, task, self.coder_name, previous)
+        if (
+            plan
+        ):  # the leases its checkpoint saved, taken back where still free (fleet.coordination)
+            plan = coordination.resumed_with_claims(self.store, task.id, plan)
         resume = plan.session if plan and coder.resumes else None
         baseline = self.store.session_totals(task.id, resume) if resume else None
         fresh = prompt + ("\n" + plan.fresh_note if plan else "")
@@ -822,6 +895,7 @@ class Runner:
         argv = coder.argv(spec)
         if not self.invocation:
             adopt_orphans()  # under systemd the unit's cgroup holds every tool
+        hold_stop_signals()  # a stop from here on must reach the agent as its stop signal
         try:
             coder.prepare(spec)
             # The prompt file (0600) as standard input keeps the prompt off the command line,

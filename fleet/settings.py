@@ -515,6 +515,24 @@ SETTINGS: tuple[Setting, ...] = (
         86400,
     ),
     Setting(
+        "handoff_offers",
+        "str",
+        "ask",
+        "What `fleet handoff --to CODER --offer` does: ask (the offer waits for `fleet accept`,"
+        " `fleet decline`, or a running agent of that coder with its accept_handoff tool) or"
+        " accept (accepted at once, as a direct handoff, and recorded as an offer).",
+        choices=("ask", "accept"),
+    ),
+    Setting(
+        "handoff_offer_seconds",
+        "int",
+        3600,
+        "How long a handoff offer waits to be accepted or declined before it expires (the"
+        " original task then simply goes on).",
+        1,
+        30 * 86400,
+    ),
+    Setting(
         "question_timeout_seconds",
         "int",
         86400,

@@ -76,7 +76,8 @@ FIELDS: tuple[Field, ...] = (
         " phase (starting, working, asking, stopping, merging), started_at, context_pct,"
         " tokens_in, tokens_out, cache_read, cache_write, cost, cost_source, last_tool,"
         " question (the id it waits on, or null), asking (the question, or null), lease_until,"
-        " unit_state and unit_status (systemd's, or null), updated_at (of the live figures)",
+        " unit_state and unit_status (systemd's, or null), updated_at (of the live figures),"
+        " focus (what its agent said it works on, or null), claims (the resources it holds)",
     ),
     Field(
         "undelivered",
@@ -177,6 +178,10 @@ def _running(
     from fleet.store.base import is_merge_claim
 
     out = []
+    focuses = store.focuses() if claimed else {}
+    held: dict[str, list[str]] = {}
+    for lease in store.resource_claims() if claimed else []:
+        held.setdefault(lease.task, []).append(lease.resource)
     for task in claimed:
         figures = live.read(paths, task.id, task.attempts) or {}
         merging = is_merge_claim(task.claimed_by)
@@ -206,6 +211,8 @@ def _running(
                 "unit_state": state,
                 "unit_status": status,
                 "updated_at": figures.get("updated_at"),
+                "focus": focuses[task.id][0] if task.id in focuses else None,
+                "claims": held.get(task.id, []),
             }
         )
     return out
@@ -412,7 +419,7 @@ def text(snap: Mapping[str, Any]) -> str:
     )
     lines += table(
         "RUNNING",
-        ["ID", "CODER", "PHASE", "CONTEXT", "TOKENS", "COST", "LAST TOOL", "TITLE"],
+        ["ID", "CODER", "PHASE", "CONTEXT", "TOKENS", "COST", "LAST TOOL", "TITLE", "FOCUS"],
         [
             [
                 r["id"],
@@ -423,6 +430,7 @@ def text(snap: Mapping[str, Any]) -> str:
                 _cost(r["cost"], r["cost_source"]),
                 r["last_tool"] or "-",
                 _short(r["title"], 40),
+                _short(r.get("focus"), 40) if r.get("focus") else "-",
             ]
             for r in snap["running"]
         ],

@@ -21,6 +21,8 @@ from fleet.model import Task
 from fleet.paths import Paths, ensure_dir, program
 
 KILL = ".kill"
+FOCUS = ".focus"  # rung by fleet-ask's set_focus: the runner re-reads the focus for its status
+MAIL = ".mail"  # rung when a message is stored for the task: the coder's hook delivers it
 SENTINELS = (KILL,)
 SETTLED = ".settled-"  # + the invocation id: fleet-run applied the policy itself
 
@@ -73,6 +75,10 @@ Keep your plan and progress in $artifact_dir/PLAN_AND_STATUS.md and what you lea
 $artifact_dir/KNOWLEDGE.md; read them first, a previous attempt may have left them.
 When the task is done, run: $fleet close $task_id --reason "<what you did>"
 If you cannot go on without a person, run: $fleet block $task_id --reason "<why>"
+Other agents may work in this directory too. With your fleet tools: set_focus to say what you
+work on; claim a file or area before you change it, and release it when done (a refused claim
+names who holds it); list_agents shows who does what; messages from other agents or a person
+come with your fleet tool results (send_message answers them).
 """
 PREVIOUS = {
     "context-pressure": "Your previous attempt filled its context window and was stopped. Read"

@@ -139,7 +139,12 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             # fleet-reap fail first, the next start writes the drop-in anew.)
             f"ExecStopPost=+/bin/rm -rf %t/systemd/{inst.scope}/fleet-task@%i.service.d",
             "Slice=fleet.slice",
-            "KillMode=control-group",
+            # A stop signals fleet-run alone, which gives the agent its coder's own stop signal
+            # (claude and codex print what they spent only on SIGINT) and SIGKILL after
+            # stop_grace_seconds; systemd then SIGKILLs whatever is left in the cgroup (tools in
+            # sessions of their own). With control-group the agent would get SIGTERM from
+            # systemd at the same moment, and whichever signal it handled first would decide.
+            "KillMode=mixed",
             "TimeoutStartSec=60",
             f"TimeoutStopSec={grace + 15}",
             f"WatchdogSec={config.get_int('watchdog_seconds')}",

@@ -243,6 +243,25 @@ def backend(request: pytest.FixtureRequest, home: Path, monkeypatch: pytest.Monk
     return name
 
 
+def store_sql(home: Path, sql: str) -> None:
+    """Run `sql` (no parameters) straight on the test's store, bypassing fleet (as a person
+    with the database's shell would), and commit it: FLEET_STORE's PostgreSQL database if
+    set, else SQLite's file in `home`."""
+    url = os.environ.get("FLEET_STORE")
+    if url:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.encode())
+        return
+    db = sqlite3.connect(home / "fleet.db")
+    try:
+        db.execute(sql)
+        db.commit()
+    finally:
+        db.close()
+
+
 def store_rows(home: Path, sql: str) -> list[tuple[Any, ...]]:
     """The rows of `sql` (no parameters) read straight from the test's store, bypassing fleet:
     FLEET_STORE's PostgreSQL database if set, else SQLite's file in `home`."""

@@ -50,6 +50,13 @@ EXPECTED = (
     r"answer -> ask_human returns: median [\d.]+ ms \(target <= 200 ms",
     r"fleet answer process, start to exit: median [\d.]+ ms \(no target\)",
     r"answer runs: 3 answers to one fleet-ask, one question at a time",
+    r"send_message -> in the receiver's next tool result: median [\d.]+ ms \(target <= 200 ms"
+    + MET,
+    r"fleet message -> in the receiver's next tool result: median [\d.]+ ms \(no target\)",
+    r"a tool call with no message waiting: median [\d.]+ ms \(no target\)",
+    r"send_message -> in Claude Code's hook after any tool: median [\d.]+ ms"
+    r" \(target <= 200 ms" + MET,
+    r"messages runs: 3 messages from an agent and 3 from a person",
     r"question asked -> Telegram message sent, by the delivery process alone: median [\d.]+ ms"
     r" \(target <= 500 ms",
     r"question asked -> Telegram message sent, fleet-telegram running: median [\d.]+ ms"
@@ -94,6 +101,7 @@ def test_quick_benchmarks_print_every_figure() -> None:
             "claim",
             "backends",
             "answer",
+            "messages",
             "telegram",
             "status",
             "stats",

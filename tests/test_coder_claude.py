@@ -30,7 +30,7 @@ import pytest
 
 from fleet.audit import MSG_CHECKPOINTED, MSG_RESUMED, MSG_SUSPENDED
 from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdict
-from fleet.coders.claude import MCP_FILE, MCP_TIMEOUT_MS, TMP_DIR, ClaudeCoder
+from fleet.coders.claude import MCP_FILE, MCP_TIMEOUT_MS, SETTINGS_FILE, TMP_DIR, ClaudeCoder
 from fleet.events import MSG_STARTED
 from fleet.timeutil import parse
 from tests import sandbox
@@ -56,6 +56,7 @@ STREAMS = ROOT / "tests" / "fixtures" / "streams"
 BIN = os.path.dirname(fleet_exe())
 DEADLINE = 60.0
 PER_CALL_IN = sum(anthropic.USAGE.values())  # 1800: uncached + cache writes + cache reads
+REPORTED_PER_CALL = 0.006  # the cost of one scripted call by Claude Code 2.1.332's own prices
 FLEET_TOOLS = (
     "ask_human",
     "notify_human",
@@ -457,6 +458,10 @@ def test_prepare_writes_the_fleet_ask_server(tmp_path: Path, home: Path) -> None
         }
     }
     assert (run.task_dir / TMP_DIR).is_dir()
+    (hooks,) = json.loads((run.task_dir / SETTINGS_FILE).read_text())["hooks"]["PostToolUse"]
+    (hook,) = hooks["hooks"]
+    assert hook["type"] == "command" and hook["command"].endswith("fleet-ask --deliver")
+    assert f"FLEET_TASK_ID=fl-abc123 FLEET_HOME={home} exec " in hook["command"]
 
 
 def test_environ_caps_retries_and_sets_is_sandbox_only_as_root(tmp_path: Path) -> None:
@@ -1037,33 +1042,36 @@ def test_a_suspended_session_resumes_with_its_history(box: Box, server: Server) 
     suspended, resumed = task["attempt_log"]
     assert (suspended["outcome"], resumed["outcome"]) == ("suspended", "success")
     assert resumed["session_id"] == suspended["session_id"] == first["session_id"]
-    # Each attempt's own share: the resumed run's result reports modelUsage and total_cost_usd
-    # for the whole session; fleet records only the calls made after the resume. The unit's
-    # stop reached the CLI as SIGTERM (the cgroup's), so the suspended run printed no result:
-    # no cost of its own, its calls' output only as message_start said it (1 each), and no
-    # session totals that the resumed run's share could be taken against. Both are then
-    # priced from their own calls (claude-opus: 5, 25, 0.5 and 6.25 $ per million input,
-    # output, cache read and cache write tokens), never at the session's.
+    # The stop reached the CLI as SIGINT alone (KillMode=mixed: systemd's SIGTERM went to
+    # fleet-run, which gave claude its stop signal), so the suspended run always ended its tool
+    # and printed its result: the four calls before the suspension (ToolSearch, the write, the
+    # checkpoint, the long tool), with their whole output and the cost Claude Code reports
+    # ($0.006 a call, its own price). The resumed run's result reports modelUsage and
+    # total_cost_usd for the whole session; fleet records only the two calls made after the
+    # resume (the close, the final text), its cost taken against the suspended run's totals.
     made = len(server.calls(key)) - calls_before
-    assert (suspended["tokens_in"], suspended["tokens_out"]) == (
-        calls_before * PER_CALL_IN,
-        calls_before * 1,
+    assert (calls_before, made) == (4, 2)
+    assert suspended["exit_status"] == 0  # 2.1.332 exits 0 after an aborted result (on SIGINT)
+    (printed,) = box.box.journal(
+        f"FLEET_TASK_ID={task_id}", "FLEET_ATTEMPT=1", "FLEET_EVENT=result"
+    )
+    assert printed["MESSAGE"].startswith("result (error): ")
+    assert (suspended["tokens_in"], suspended["tokens_out"], suspended["tokens_cache_read"]) == (
+        4 * PER_CALL_IN,
+        4 * anthropic.OUTPUT_TOKENS,
+        4 * anthropic.USAGE["cache_read_input_tokens"],
     )
     assert (resumed["tokens_in"], resumed["tokens_out"], resumed["tokens_cache_read"]) == (
-        made * PER_CALL_IN,
-        made * 30,
-        made * 500,
+        2 * PER_CALL_IN,
+        2 * anthropic.OUTPUT_TOKENS,
+        2 * anthropic.USAGE["cache_read_input_tokens"],
     )
-
-    def price(output: int) -> float:
-        return (1200 * 5 + output * 25 + 500 * 0.5 + 100 * 6.25) / 1e6
-
-    assert (suspended["cost_source"], resumed["cost_source"]) == ("estimated", "estimated")
+    assert (suspended["cost_source"], resumed["cost_source"]) == ("reported", "reported")
     assert (suspended["cost"], resumed["cost"]) == (
-        pytest.approx(calls_before * price(1)),
-        pytest.approx(made * price(30)),
+        pytest.approx(4 * REPORTED_PER_CALL),
+        pytest.approx(2 * REPORTED_PER_CALL),
     )
-    assert task["cost"] == pytest.approx(calls_before * price(1) + made * price(30))
+    assert task["cost"] == pytest.approx(6 * REPORTED_PER_CALL)
     assert resumed["model"].startswith("claude-opus")
     # The resumed conversation, as the server received it: every earlier turn, then fleet's
     # message naming the checkpoint.

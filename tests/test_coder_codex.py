@@ -951,6 +951,9 @@ def test_a_suspended_thread_resumes_and_each_attempt_counts_its_own(unit: UnitFl
     first, second = unit.show(tid)["attempt_log"]
     assert (first["outcome"], second["outcome"]) == ("suspended", "success")
     assert first["session_id"] == second["session_id"]  # `codex exec resume` of the same thread
+    # The stop reached codex as SIGINT alone (fleet-run's; KillMode=mixed keeps systemd's
+    # SIGTERM from it): it ended its tool and exited 1, without a terminal event.
+    assert first["exit_status"] == 1
     # The resumed run's turn.completed reports the whole thread (three calls by then): each
     # attempt records its own calls, one before the suspension and two after it.
     per_call = (USAGE["input"], USAGE["output"], USAGE["cached"])

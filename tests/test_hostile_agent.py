@@ -112,6 +112,12 @@ def readable(fleet: Fleet, home: Path, out: Path, *more: str) -> list[str]:
         texts.append(fleet.ok("history", task["id"]))
         json_of("history", task["id"], "--json")
         json_of("checkpoints", task["id"], "--json")
+    texts.append(fleet.ok("status"))
+    json_of("status", "--json")
+    texts.append(fleet.ok("claims"))
+    json_of("claims", "--json")
+    texts.append(fleet.ok("messages"))
+    json_of("messages", "--json")
     texts.append(fleet.ok("questions", "--all"))
     json_of("questions", "--all", "--json")
     wait_for(lambda: not deliveries(home), 30, "every notification to be delivered")
@@ -192,6 +198,11 @@ ENTRY_POINTS: dict[str, tuple[str, str] | Call] = {
     "spawn_subtask description": mcp("spawn_subtask", title="part", description="P"),
     "handoff context": mcp("handoff", coder="command", context="P"),
     "checkpoint summary": mcp("checkpoint", summary="P"),
+    "claim note": mcp("claim", resource="fleet/run.py", note="P"),
+    "set_focus text": mcp("set_focus", text="P"),
+    "send_message text": lambda task_id, payload, session: tool(
+        session, "send_message", to=task_id, text=payload
+    ),
 }
 # Each row failed on main: there, `fleet close/block --reason` and task_done/task_blocked
 # stored anything, the hook received notify_human's text as given, fleet-ask redacted only
@@ -229,6 +240,14 @@ AGENT_TEXT = [
     ("handoff context", "escapes"),
     ("checkpoint summary", "coder-secret"),
     ("checkpoint summary", "escapes"),
+    ("claim note", "coder-secret"),
+    ("claim note", "escapes"),
+    ("set_focus text", "coder-secret"),
+    ("set_focus text", "escapes"),
+    ("send_message text", "env-secret"),
+    ("send_message text", "coder-secret"),
+    ("send_message text", "200k"),
+    ("send_message text", "escapes"),
 ]
 
 

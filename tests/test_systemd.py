@@ -190,6 +190,48 @@ def test_fleet_kill_ends_the_whole_tree(fleet: Fleet) -> None:
     assert "stopped by a person" in fleet.show(task_id)["reason"]
 
 
+# Records each stop signal it gets, with its sender, until it is killed; with `tool` it first
+# starts itself again as a tool in a session of its own. Blocked signals are taken with
+# sigwaitinfo, so none is lost and none ends it.
+RECORDER = """\
+import os, signal, subprocess, sys
+out = sys.argv[1]
+if len(sys.argv) > 2:
+    subprocess.Popen([sys.executable, __file__, out + ".tool"], start_new_session=True)
+stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+with open(out, "a") as f:
+    print("ready", flush=True, file=f)
+    while True:
+        got = signal.sigwaitinfo(stops)
+        print(signal.Signals(got.si_signo).name, got.si_pid, flush=True, file=f)
+"""
+
+
+def test_a_stop_reaches_the_agent_only_as_its_stop_signal_from_its_runner(fleet: Fleet) -> None:
+    """KillMode=mixed: systemd's SIGTERM goes to fleet-run alone, which sends the agent its
+    coder's stop signal (the command coder's is SIGTERM) and SIGKILL after the grace; a tool in
+    a session of its own gets no signal but the SIGKILL once the runner has exited."""
+    recorder = fleet.project / "recorder.py"
+    recorder.write_text(RECORDER)
+    out = fleet.project / "signals"
+    task_id = fleet.add(f"exec python3 {recorder} {out} tool")
+    fleet.wait_running(task_id)
+    unit = f"fleet-task@{task_id}"
+    runner = fleet.box.systemctl("show", "-p", "MainPID", "--value", unit).stdout.strip()
+    tool = Path(f"{out}.tool")
+    fleet.box.wait_for(
+        lambda: all(p.exists() and p.read_text() == "ready\n" for p in (out, tool)),
+        what="the agent and its tool ready",
+    )
+    fleet("kill", task_id)
+    assert out.read_text().splitlines() == ["ready", f"SIGTERM {runner}"]
+    assert tool.read_text().splitlines() == ["ready"]
+    assert fleet.box.run("pgrep", "-f", str(recorder), check=False).stdout == ""
+    assert fleet.wait(task_id) == 1
+    assert fleet.outcomes(task_id) == ["killed"]
+
+
 def test_kill_file_stops_the_attempt(fleet: Fleet) -> None:
     task_id = fleet.add("sleep 600")
     fleet.wait_running(task_id)

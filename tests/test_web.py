@@ -455,3 +455,19 @@ def test_setup_renders_the_socket_and_its_service(fleet: Fleet) -> None:
     fleet.ok("config", "set", "web_listen=/run/fleet/web.sock")
     out = run_fleet("setup", "--web", "--dry-run").out
     assert "ListenStream=/run/fleet/web.sock" in out and "SocketMode=0600" in out
+
+
+def test_the_overview_shows_each_running_agents_focus_and_leases(
+    web: Web, fleet: Fleet, project: Path
+) -> None:
+    task_id = fleet.add("busy", "--cwd", str(project), "--coder", "command", "-d", "true")
+    store = open_store(resolve(), Actor("agent", "test"))
+    try:
+        assert store.claim_task(task_id, "runner", 60, "command", None) is not None
+        store.set_focus(task_id, "tuning the <parser>")
+        store.claim_resource(task_id, "src/parser.py", 60, "")
+    finally:
+        store.close()
+    page = web.get("/").text
+    assert "focus: tuning the &lt;parser&gt;" in page
+    assert "holds: src/parser.py" in page

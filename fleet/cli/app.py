@@ -184,13 +184,16 @@ def coder_options(func: F) -> F:
 # Which module defines each command: `fleet add` then imports add.py alone, not the whole
 # command line (tests/test_docs.py checks this table against what the modules register).
 MODULES = {
+    "accept": "coord",
     "add": "add",
     "answer": "questions",
     "block": "change",
     "cancel": "change",
     "checkpoint": "suspend",
     "checkpoints": "suspend",
+    "claims": "coord",
     "close": "change",
+    "decline": "coord",
     "config": "config_cmd",
     "doctor": "setup",
     "edit": "change",
@@ -201,7 +204,10 @@ MODULES = {
     "ls": "listing",
     "merge": "control",
     "merge-tasks": "lineage",
+    "message": "coord",
+    "messages": "coord",
     "metrics": "metrics",
+    "offers": "coord",
     "pause": "control",
     "questions": "questions",
     "ready": "listing",

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from fleet.cli.app import TASK, App, cli, coder_options, pass_app
+from fleet.cli.app import SECONDS, TASK, App, cli, coder_options, pass_app
 from fleet.errors import InputError
 from fleet.model import Task, TaskSpec
 from fleet.output import (
@@ -36,11 +36,30 @@ from fleet.output import (
     metavar="TEXT|@FILE|-",
     help="What the successor should know: what is done, what is left.",
 )
+@click.option(
+    "--offer",
+    is_flag=True,
+    help="Only offer it: nothing changes until the offer is accepted (fleet accept, the"
+    " handoff_offers policy, or an agent of that coder); prints the offer's number.",
+)
+@click.option(
+    "--expires",
+    type=SECONDS,
+    metavar="SECONDS",
+    help="With --offer: how long it waits (default: handoff_offer_seconds).",
+)
 @click.option("--no-block", is_flag=True, help="Return at once instead of waiting for the stop.")
-@click.option("--json", "as_json", is_flag=True, help="Print the successor task as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the successor (or offer) as JSON.")
 @pass_app
 def handoff(
-    app: App, task_id: str, to: str, context: str | None, no_block: bool, as_json: bool
+    app: App,
+    task_id: str,
+    to: str,
+    context: str | None,
+    offer: bool,
+    expires: float | None,
+    no_block: bool,
+    as_json: bool,
 ) -> None:
     """Hand a task over to another coder or model: if that coder is configured and installed
     here, a successor task is added (same title, description and directory; a worktree
@@ -54,6 +73,11 @@ def handoff(
     from fleet import inputs
 
     text = inputs.description(context) if context is not None else None
+    if offer:
+        offer_task(app, task_id, to, text, expires, not no_block, as_json)
+        return
+    if expires is not None:
+        raise InputError("--expires goes with --offer", hint="add --offer, or leave it out")
     successor = handoff_task(app, task_id, to, text, block=not no_block)
     if as_json:
         emit_object(successor.to_json())
@@ -73,6 +97,32 @@ def handoff_task(app: App, task_id: str, to: str, context: str | None, block: bo
         _stop(app, task_id, block=block)
     wake.poke(app.paths)
     return successor
+
+
+def offer_task(
+    app: App,
+    task_id: str,
+    to: str,
+    context: str | None,
+    expires: float | None,
+    block: bool,
+    as_json: bool,
+) -> None:
+    from fleet import lineage, offers, wake
+    from fleet.cli.suspend import _stop
+
+    if expires is not None and expires < 1:
+        raise InputError("--expires must be at least 1 second")
+    coder, model = lineage.target(to)
+    made = offers.offer(app.store, app.paths, app.config, task_id, coder, model, context, expires)
+    if made.status == "accepted" and made.successor:  # the handoff_offers policy accepted it
+        if app.store.get(task_id).claimed_by is not None:
+            _stop(app, task_id, block=block)
+        wake.poke(app.paths)
+    if as_json:
+        emit_object(made.to_json())
+    else:
+        sys.stdout.write(f"{made.successor if made.status == 'accepted' else made.id}\n")
 
 
 @cli.command("merge-tasks")

@@ -75,11 +75,15 @@ def _table(app: App, tasks: Iterable[Task]) -> None:
     tasks = list(tasks)
     units = live_units(app, tasks)
     holds = held(app, tasks)
+    focuses = app.store.focuses() if any(t.claimed_by for t in tasks) else {}
 
     def note(t: Task) -> str:
-        """The unit's live state of a claimed task, or why a ready one is held."""
+        """What the agent of a claimed task said it works on, else its unit's live state; or
+        why a ready one is held."""
         if t.id in holds:
             return holds[t.id]
+        if t.id in focuses:
+            return shorten(f"focus: {focuses[t.id][0]}", 50)
         state, status = units.get(t.id, ("", ""))
         return shorten(f"{state}: {status}" if status else state, 50) if state else "-"
 

@@ -32,6 +32,11 @@ more if the server sends a longer `retry-after`), turns off the self-updater (th
 `fleet doctor` checked is the one that runs), and as root sets `IS_SANDBOX=1`, without which
 `--dangerously-skip-permissions` refuses to start. `[coders.claude] env` overrides any of them.
 
+Messages: `claude-settings.json` (`--settings`, added to the user's own) holds a PostToolUse
+hook that, when the task's mail sentinel is there, runs `fleet-ask --deliver`, whose output
+adds the messages sent to the task to the result of the tool the agent just ran; so a message
+reaches a working agent with its next tool call of any kind.
+
 MCP: `claude-mcp.json` names one stdio server, `fleet`, which is `fleet-ask` from the directory
 of the running `fleet-run`, with the task id and `FLEET_HOME`. It is not `--strict-mcp-config`:
 the user's own MCP servers still load (add the flag to `args` to exclude them). Its tool-call
@@ -81,13 +86,16 @@ import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from fleet.coders.base import Call, Coder, CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.fsutil import write_atomic
 from fleet.paths import program
+from fleet.taskdir import MAIL
 
 MCP_FILE = "claude-mcp.json"
+SETTINGS_FILE = "claude-settings.json"  # --settings: the hook that delivers messages
 TMP_DIR = "claude-tmp"
 MCP_TIMEOUT_MS = 2**31 - 1
 MAX_RETRIES = "2"
@@ -182,6 +190,22 @@ def ask_command() -> str:
     return program("fleet-ask")
 
 
+def hook_settings(task_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Settings with a PostToolUse hook that hands the agent the messages sent to its task
+    with the result of whatever tool it ran (fleet's own tools bring them themselves): the
+    shell tests the task's mail sentinel, so a call with no mail starts no Python."""
+    import shlex
+
+    mail = shlex.quote(str(task_dir / MAIL))
+    assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    command = f"test -e {mail} || exit 0; {assign} exec {shlex.quote(ask_command())} --deliver"
+    return {
+        "hooks": {
+            "PostToolUse": [{"matcher": "", "hooks": [{"type": "command", "command": command}]}]
+        }
+    }
+
+
 class ClaudeCoder(Coder):
     name = "claude"
     default_binary = "claude"
@@ -219,6 +243,8 @@ class ClaudeCoder(Coder):
             "--dangerously-skip-permissions",
             "--mcp-config",
             str(run.task_dir / MCP_FILE),
+            "--settings",
+            str(run.task_dir / SETTINGS_FILE),
         ]
         model = self.model(run)
         if model:
@@ -252,6 +278,10 @@ class ClaudeCoder(Coder):
         }
         config = {"mcpServers": {"fleet": server}}
         write_atomic(run.task_dir / MCP_FILE, (json.dumps(config, indent=2) + "\n").encode())
+        write_atomic(
+            run.task_dir / SETTINGS_FILE,
+            (json.dumps(hook_settings(run.task_dir, env), indent=2) + "\n").encode(),
+        )
 
     # ------------------------------------------------------------------ the stream
 

@@ -44,7 +44,9 @@ Semantics every backend must keep (SQLite and PostgreSQL, both fleet.store.sql):
 - a schedule's slot fires once: `fire` records (schedule, slot) under a unique key in the
   transaction that adds the slot's tasks (fleet.schedules);
 - a lease has one holder at a time: another owner takes it only once it has run out, and only
-  its holder changes the value it carries (which outlives the holder).
+  its holder changes the value it carries (which outlives the holder);
+- what agents coordinate with (leases on resources, `Coordinating`) keeps the invariants of
+  fleet.store.coord.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from fleet.model import (
     TaskSpec,
 )
 from fleet.schedules import Schedule, ScheduleRun
+from fleet.store.coord import Coordinating
 
 Count = Literal["failure", "noclose"]
 
@@ -139,7 +142,7 @@ class Lease(NamedTuple):
     value: str | None
 
 
-class Store(Protocol):
+class Store(Coordinating, Protocol):
     actor: Actor  # whom the audit trail names for this connection's changes
 
     def close(self) -> None: ...

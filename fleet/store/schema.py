@@ -355,6 +355,80 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # The task's sandbox profile (fleet.containment); null: its coder's, else the setting.
     ("ALTER TABLE tasks ADD COLUMN sandbox TEXT",),
+    (
+        # Advisory leases on resources (a path, a module, "db-migrations") that agents claim
+        # in their task's directory (`scope`): one holder per name, by the task's attempt,
+        # until `until` or that attempt's end (fleet.store.coord); and the leases each
+        # checkpoint saw, for the attempt that resumes from it.
+        """CREATE TABLE resource_claims (
+            scope TEXT NOT NULL,
+            resource TEXT NOT NULL,
+            task TEXT NOT NULL REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            note TEXT NOT NULL DEFAULT '',
+            claimed_at TEXT NOT NULL,
+            until TEXT NOT NULL,
+            PRIMARY KEY (scope, resource)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX resource_claims_task ON resource_claims (task)",
+        """CREATE TABLE checkpoint_claims (
+            task TEXT NOT NULL,
+            n INTEGER NOT NULL,
+            resource TEXT NOT NULL,
+            note TEXT NOT NULL DEFAULT '',
+            seconds REAL NOT NULL,
+            PRIMARY KEY (task, n, resource),
+            FOREIGN KEY (task, n) REFERENCES checkpoints (task, n)
+        ) WITHOUT ROWID""",
+    ),
+    (
+        # Messages to the agents of tasks, one row per recipient (a broadcast is several),
+        # from another task's agent (`sender_task`) or a person (`sender` names either);
+        # `read_at` once the recipient's agent has been shown it (fleet.store.coord).
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            recipient TEXT NOT NULL REFERENCES tasks(id),
+            sender TEXT NOT NULL,
+            sender_task TEXT REFERENCES tasks(id),
+            text TEXT NOT NULL,
+            sent_at TEXT NOT NULL,
+            read_at TEXT
+        )""",
+        "CREATE INDEX messages_unread ON messages (recipient) WHERE read_at IS NULL",
+        "CREATE INDEX messages_recipient ON messages (recipient, id)",
+        "CREATE INDEX messages_sender ON messages (sender_task, id) WHERE sender_task IS NOT NULL",
+    ),
+    (
+        # What each task's agent says it is doing now (set_focus), for the attempt that set
+        # it: shown while that attempt runs (fleet.store.coord).
+        """CREATE TABLE task_focus (
+            task TEXT PRIMARY KEY REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            set_at TEXT NOT NULL
+        ) WITHOUT ROWID""",
+    ),
+    (
+        # Handoffs offered to a coder (and model) that the receiving side accepts or declines
+        # before anything changes; at most one open offer per task (fleet.store.coord).
+        """CREATE TABLE handoff_offers (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            task TEXT NOT NULL REFERENCES tasks(id),
+            coder TEXT NOT NULL,
+            model TEXT,
+            context TEXT,
+            offered_by TEXT NOT NULL,
+            offered_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'offered'
+                CHECK (status IN ('offered', 'accepted', 'declined', 'expired', 'failed')),
+            decided_by TEXT,
+            decided_at TEXT,
+            reason TEXT,
+            successor TEXT REFERENCES tasks(id)
+        )""",
+        "CREATE UNIQUE INDEX handoff_offers_open ON handoff_offers (task) WHERE status = 'offered'",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

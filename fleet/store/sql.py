@@ -63,6 +63,7 @@ from fleet.store.base import (
     TaskFilter,
     is_merge_claim,
 )
+from fleet.store.coord import SQLCoordination
 from fleet.store.dialect import Conn, Dialect
 from fleet.timeutil import iso, now_iso
 
@@ -186,7 +187,7 @@ STAT_DIMENSIONS = {
 }
 
 
-class SQLStore:
+class SQLStore(SQLCoordination):
     """The shared semantics; a backend subclass supplies `dialect`, `_write`, `_read`, `close`."""
 
     dialect: ClassVar[Dialect]

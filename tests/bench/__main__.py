@@ -1,9 +1,9 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, backends, units,
-recovery, stream, answer, status, stats, telegram, telegram-units, web, web-units; default: all,
-in that order; units, recovery, stream, telegram-units and web-units boot a systemd sandbox and
-need root; backends starts a PostgreSQL cluster of its own).
+recovery, stream, answer, messages, status, stats, telegram, telegram-units, web, web-units;
+default: all, in that order; units, recovery, stream, telegram-units and web-units boot a
+systemd sandbox and need root; backends starts a PostgreSQL cluster of its own).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -24,6 +24,7 @@ from tests.bench import (
     bench_claim,
     bench_cli_startup,
     bench_ls_json,
+    bench_messages,
     bench_recovery,
     bench_stats,
     bench_status,
@@ -44,6 +45,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_recovery.NAME: bench_recovery.main,
     bench_stream.NAME: bench_stream.main,
     bench_answer.NAME: bench_answer.main,
+    bench_messages.NAME: bench_messages.main,
     bench_telegram.NAME: bench_telegram.main,
     bench_telegram.UNITS_NAME: bench_telegram.main_units,
     bench_status.NAME: bench_status.main,

@@ -36,6 +36,14 @@ Scenarios:
   checkpoint (`FRESH_MARK` in its prompt, no earlier turns) closes with `fresh-summary-ok` if
   its prompt carries the summary, `fresh-summary-missing` otherwise. Then answer with text.
 
+* ``lease-first`` and ``lease-second``: two agents in one directory and one resource
+  (`LEASED`). The first loads fleet's coordination tools with `ToolSearch`, sets its focus
+  (`FOCUS_TEXT`), claims `LEASED` with `FIRST_NOTE`, waits in the shell for the file
+  `RELEASE_FILE` (`WAIT_RELEASE`), releases it, and closes with task_done. The second claims
+  `LEASED`, waits for `RETRY_FILE` (`WAIT_RETRY`), claims it again and closes with the first
+  line of each claim's result as its summary (`lease_summary`). A test reads what each
+  tool returned from the next request's history.
+
 The long commands sleep in Python: Claude Code 2.1.332 refuses a Bash command that is a plain
 `sleep N` or starts with one ("Blocked: standalone sleep 300").
 
@@ -73,6 +81,26 @@ CHECKPOINT_SUMMARY = "Wrote suspended_out.txt with the shell; next: close the ta
 SUSPEND_WRITE = "echo before > suspended_out.txt"
 RESUMED_MARK = "is now resumed from checkpoint"  # fleet's message to a resumed session
 FRESH_MARK = "taken in an earlier session"  # fleet's note in a fresh session's prompt
+CLAIM_TOOL = "mcp__fleet__claim"
+RELEASE_TOOL = "mcp__fleet__release"
+FOCUS_TOOL = "mcp__fleet__set_focus"
+LEASE_SEARCH = {"query": f"select:{CLAIM_TOOL},{RELEASE_TOOL},{FOCUS_TOOL},{DONE_TOOL}"}
+LEASED = "src/parser.py"
+FOCUS_TEXT = "rewriting the parser"
+FIRST_NOTE = "rewriting the tokenizer"
+RELEASE_FILE, RETRY_FILE = "release.go", "retry.go"
+
+
+def wait_for_file(name: str) -> str:
+    """A shell command that returns once `name` exists in the working directory (at most 120 s:
+    the test creates it)."""
+    return (
+        "python3 -c 'import os, time\nend = time.time() + 120\n"
+        f'while not os.path.exists("{name}") and time.time() < end: time.sleep(0.02)\''
+    )
+
+
+WAIT_RELEASE, WAIT_RETRY = wait_for_file(RELEASE_FILE), wait_for_file(RETRY_FILE)
 ASK_INPUT = {
     "question": "Which colour should the new button be?",
     "kind": "choice",
@@ -190,6 +218,8 @@ class AnthropicHandler(Handler):
             self.answer(body, [ask_step(body)])
         elif name == "suspend":
             self.answer(body, [suspend_step(body)])
+        elif name in ("lease-first", "lease-second"):
+            self.answer(body, [lease_step(body, name == "lease-first")])
         else:
             self.answer(body, [text_block(f"no scenario marker: {name or 'none'}")])
 
@@ -306,6 +336,53 @@ def suspend_step(body: dict[str, Any]) -> dict[str, Any]:
     if CHECKPOINT_TOOL not in done:
         return tool_use(CHECKPOINT_TOOL, {"summary": CHECKPOINT_SUMMARY})
     return bash(HANG_COMMAND)
+
+
+def results(body: dict[str, Any], tool: str) -> list[str]:
+    """The texts of every result of `tool` in the history, in order."""
+    ids = [b.get("id") for b in blocks(body, "assistant", "tool_use") if b.get("name") == tool]
+    found = []
+    for block in blocks(body, "user", "tool_result"):
+        if block.get("tool_use_id") in ids:
+            inner = block.get("content")
+            parts = inner if isinstance(inner, list) else [{"text": inner}]
+            found.append("".join(str(p.get("text", "")) for p in parts if isinstance(p, dict)))
+    return found
+
+
+def lease_summary(claimed: list[str]) -> str:
+    """The second agent's task_done summary: the first line of each claim's result."""
+    return " | ".join(text.split(". ")[0] for text in claimed)
+
+
+def lease_step(body: dict[str, Any], first: bool) -> dict[str, Any]:
+    """The next block of `lease-first` or `lease-second` (see the module docstring)."""
+    done, ran = called(body), commands(body)
+    if DONE_TOOL in done:
+        return text_block(FINAL_TEXT)
+    deferred = defines(body, SEARCH_TOOL) and not defines(body, CLAIM_TOOL)
+    if SEARCH_TOOL not in done and deferred:
+        return tool_use(SEARCH_TOOL, LEASE_SEARCH)
+    if first:
+        if FOCUS_TOOL not in done:
+            return tool_use(FOCUS_TOOL, {"text": FOCUS_TEXT})
+        if CLAIM_TOOL not in done:
+            return tool_use(
+                CLAIM_TOOL, {"resource": LEASED, "ttl_seconds": 600, "note": FIRST_NOTE}
+            )
+        if WAIT_RELEASE not in ran:
+            return bash(WAIT_RELEASE)
+        if RELEASE_TOOL not in done:
+            return tool_use(RELEASE_TOOL, {"resource": LEASED})
+        return tool_use(DONE_TOOL, {"summary": "released"})
+    claims = done.count(CLAIM_TOOL)
+    if claims == 0:
+        return tool_use(CLAIM_TOOL, {"resource": LEASED, "note": "second"})
+    if WAIT_RETRY not in ran:
+        return bash(WAIT_RETRY)
+    if claims == 1:
+        return tool_use(CLAIM_TOOL, {"resource": LEASED, "note": "second"})
+    return tool_use(DONE_TOOL, {"summary": lease_summary(results(body, CLAIM_TOOL))})
 
 
 def tool_use(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
