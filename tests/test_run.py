@@ -557,22 +557,29 @@ def test_a_runner_rides_out_a_lost_connection_to_the_store(
 
     out = tmp_path / "run.out"
     with run_in_background(tid, project, out) as runner:
-        wait_for(started.exists, DEADLINE, "the agent")  # the runner is in its loop
-        with psycopg.connect(os.environ["FLEET_STORE"], autocommit=True) as admin:
-            admin.execute(
-                b"SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                b" WHERE application_name = 'fleet-run'"
-            )
-        before = lease()
-        errors = out.with_suffix(".err")
         try:
-            wait_for(lambda: lease() > before, DEADLINE, "a renewal after the connection was lost")
-        except TimeoutError as e:
-            raise AssertionError(f"{e}; fleet-run: {runner.poll()} {errors.read_text()}") from None
-        assert "cannot renew the claim, trying again" in errors.read_text()
-        assert runner.poll() is None
-        go.touch()
-        assert runner.wait(timeout=DEADLINE) == 0, out.with_suffix(".err").read_text()
+            wait_for(started.exists, DEADLINE, "the agent")  # the runner is in its loop
+            with psycopg.connect(os.environ["FLEET_STORE"], autocommit=True) as admin:
+                admin.execute(
+                    b"SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    b" WHERE application_name = 'fleet-run'"
+                )
+            before = lease()
+            errors = out.with_suffix(".err")
+            try:
+                wait_for(
+                    lambda: lease() > before, DEADLINE, "a renewal after the connection was lost"
+                )
+            except TimeoutError as e:
+                raise AssertionError(
+                    f"{e}; fleet-run: {runner.poll()} {errors.read_text()}"
+                ) from None
+            assert "cannot renew the claim, trying again" in errors.read_text()
+            assert runner.poll() is None
+            go.touch()
+            assert runner.wait(timeout=DEADLINE) == 0, errors.read_text()
+        finally:
+            go.touch()  # the agent ends even if the runner did not survive
     store.close()
     shown = task(fleet, tid)
     assert shown["status"] == "done"
