@@ -189,9 +189,11 @@ def test_a_claim_from_before_boots_were_recorded_goes_by_its_lease(
 
 
 @pytest.mark.postgresql_only
-def test_both_backends_hold_the_same_columns_at_each_schema_version(
+def test_both_backends_hold_the_same_tables_at_each_schema_version(
     backend: str, home: Path, pg_cluster: Any
 ) -> None:
+    """Same columns and same named indexes (a primary key or UNIQUE column aside, which
+    SQLite leaves unnamed), at every version both backends have."""
     import psycopg
 
     from fleet.store import pgschema, schema
@@ -209,13 +211,26 @@ def test_both_backends_hold_the_same_columns_at_each_schema_version(
             ).fetchall()
             for (_, column, *_) in db.execute(f"PRAGMA table_info({table})").fetchall()
         }
+        lite_indexes = {
+            (str(table), str(name))
+            for name, table in db.execute(
+                "SELECT name, tbl_name FROM sqlite_schema WHERE type = 'index'"
+                " AND name NOT LIKE 'sqlite_%'"
+            ).fetchall()
+        }
         db.close()
         with psycopg.connect(pg_store_at_version(pg_cluster, version), autocommit=True) as pg:
             rows = pg.execute(
                 b"SELECT table_name, column_name FROM information_schema.columns"
                 b" WHERE table_schema = current_schema() AND table_name <> 'fleet_schema'"
             ).fetchall()
+            pg_indexes = pg.execute(
+                b"SELECT i.tablename, i.indexname FROM pg_indexes i"
+                b" WHERE i.schemaname = current_schema() AND NOT EXISTS (SELECT 1"
+                b" FROM pg_constraint c WHERE c.conname = i.indexname AND c.contype IN ('p', 'u'))"
+            ).fetchall()
         assert {(str(t), str(c)) for t, c in rows} == lite, f"schema version {version}"
+        assert {(str(t), str(i)) for t, i in pg_indexes} == lite_indexes, f"version {version}"
     # A new database is migrated to the same version by the store itself.
     assert store_rows(home, "SELECT version FROM fleet_schema") == [(schema.VERSION,)]
 
