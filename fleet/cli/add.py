@@ -141,8 +141,8 @@ MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is
     metavar="KEY=VALUE",
     help="A resource limit of the task's own, over its coder's and its labels' (keys as in"
     " [coders.NAME] limits: memory_max, memory_high, cpu_weight, cpu_quota_pct, tasks_max,"
-    " io_weight, runtime_max; see fleet.toml(5)); repeatable; with --batch, under each line's"
-    " own `limits`.",
+    " io_weight, runtime_max; see fleet.toml(5)); repeatable; with --batch, for every line"
+    " (its own key `limits` wins).",
 )
 @click.option(
     "--batch",
