@@ -56,7 +56,7 @@ def check(table: Mapping[str, object], where: str) -> dict[str, str]:
 def of_task(table: Mapping[str, object], where: str, removable: bool = False) -> dict[str, str]:
     """A task's own limits checked as the configuration's are, refused as bad input; with
     `removable`, an empty value stays (it takes the name off the task: `fleet edit`)."""
-    kept = {k: v for k, v in table.items() if not (removable and v == "")}
+    kept = {k: v for k, v in table.items() if not (removable and v == "" and k in NAMES)}
     try:
         checked = check(kept, where)
     except ConfigError as e:

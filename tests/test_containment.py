@@ -128,8 +128,9 @@ def test_a_tasks_own_limits_are_checked_kept_shown_and_win(
         batch.write_text(json.dumps(line) + "\n")
         result = fleet("add", "--batch", str(batch))
         assert result.code == 2 and said in result.err, result.err
-    result = fleet("edit", row["id"], "--limit", "memory_max=much")
-    assert result.code == 2 and "memory_max must be" in result.err
+    for bad, said in (("memory_max=much", "memory_max must be"), ("swap=", "unknown limit")):
+        result = fleet("edit", row["id"], "--limit", bad)
+        assert result.code == 2 and said in result.err, result.err
     assert len(json.loads(fleet.ok("ls", "--json"))) == 4  # nothing refused was added
     assert json.loads(fleet.ok("show", row["id"], "--json"))["limits"] == edited["limits"]
 
