@@ -266,6 +266,9 @@ def test_edit_freezes_the_run_fields_while_claimed(store: Store, project: Path) 
     claim(store)
     with pytest.raises(Conflict, match="frozen"):
         store.edit(t.id, TaskEdit(model="other"))
+    with pytest.raises(Conflict, match="limits are frozen"):
+        store.edit(t.id, TaskEdit(limits={"memory_max": "1G"}))
+    assert store.get(t.id).limits is None
     assert store.edit(t.id, TaskEdit(title="renamed")).title == "renamed"
 
 

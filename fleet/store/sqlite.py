@@ -97,6 +97,7 @@ STOPPING = (
 def _task_json_sql(t: str = "t") -> str:
     exprs = {
         "labels": f"json({t}.labels)",
+        "limits": f"json({t}.limits)",
         # Almost always empty: parsing '[]' on every row was a tenth of `fleet ls --json`.
         "merged_from": (
             f"CASE WHEN {t}.merged_from = '[]' THEN json_array() ELSE json({t}.merged_from) END"
@@ -688,7 +689,8 @@ class SQLiteStore(SQLiteCoordination):
                 db.execute(
                     "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
                     " labels, created_at, updated_at, isolation, base, merge, max_cost_usd,"
-                    " max_tokens, sandbox) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " max_tokens, sandbox, limits)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         task_id,
                         spec.title,
@@ -706,6 +708,7 @@ class SQLiteStore(SQLiteCoordination):
                         spec.max_cost_usd,
                         spec.max_tokens,
                         spec.sandbox,
+                        json.dumps(spec.limits) if spec.limits else None,
                     ),
                 )
             except sqlite3.IntegrityError as e:
@@ -722,7 +725,8 @@ class SQLiteStore(SQLiteCoordination):
                 raise Conflict(f"cannot edit {task_id}: {MERGE_BUSY}")
             if change.touches_run and cur.claimed_by is not None:
                 raise Conflict(
-                    f"{task_id} has an attempt running; its cwd, coder and model are frozen",
+                    f"{task_id} has an attempt running; its cwd, coder, model and limits are"
+                    " frozen",
                     hint="stop it first, or change them after it ends",
                 )
             if change.cwd is not None and cur.branch is not None and change.cwd != cur.cwd:
@@ -746,6 +750,10 @@ class SQLiteStore(SQLiteCoordination):
                     sets[name] = value
             for name in change.clear:
                 sets[name] = None
+            if change.limits is not None:
+                table = {**(cur.limits or {}), **change.limits}
+                table = {k: v for k, v in table.items() if v}
+                sets["limits"] = json.dumps(table) if table else None
             if change.add_labels or change.remove_labels:
                 labels = [x for x in cur.labels if x not in change.remove_labels]
                 labels += [x for x in dict.fromkeys(change.add_labels) if x not in labels]
