@@ -134,7 +134,7 @@ def _word(escaped: str, optional: bool = False, suffix: str = "") -> str:
 
 def limits(config: Config, task: Task | None = None) -> list[str]:
     """The attempt's limits: the task_* settings, then its coder's `limits`, then those of
-    its labels in `label_limits` (a later one wins), then a runtime cap of the task_timeout."""
+    its labels in `label_limits` (a later one wins), then the task's own (`fleet add --limit`)."""
     from fleet import limits as names
 
     table = {"memory_max": syntax.size(config.get_str("task_memory_max"), "task_memory_max")}
@@ -150,6 +150,7 @@ def limits(config: Config, task: Task | None = None) -> list[str]:
         by_label = config.values.get("label_limits") or {}
         for label in task.labels:
             table.update(by_label.get(label) or {})
+        table.update(task.limits or {})
     return names.lines(table)
 
 

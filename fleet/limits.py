@@ -1,15 +1,16 @@
 """Resource limits of one attempt: the names a person writes, and the unit settings they become.
 
-Invariant: a limit is checked when the configuration is read (fleet.settings), so a value
-systemd would misread never reaches a drop-in; each name maps to one unit setting.
+Invariant: a limit is checked when the configuration is read (fleet.settings), and a task's
+own when it is added or edited (`fleet add --limit`), so a value systemd would misread never
+reaches a drop-in; each name maps to one unit setting.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, InputError
 from fleet.unitsyntax import SIZE, SIZE_EXAMPLE
 
 # name -> (unit setting, what the value looks like, how to check it)
@@ -50,6 +51,30 @@ def check(table: Mapping[str, object], where: str) -> dict[str, str]:
             raise ConfigError(f"{where}: {name} must be {_WANTED[kind]} (a string), not {value!r}")
         out[name] = text
     return out
+
+
+def of_task(table: Mapping[str, object], where: str, removable: bool = False) -> dict[str, str]:
+    """A task's own limits checked as the configuration's are, refused as bad input; with
+    `removable`, an empty value stays (it takes the name off the task: `fleet edit`)."""
+    kept = {k: v for k, v in table.items() if not (removable and v == "" and k in NAMES)}
+    try:
+        checked = check(kept, where)
+    except ConfigError as e:
+        raise InputError(e.message, e.hint) from None
+    return {k: checked.get(k, "") for k in table}
+
+
+def pairs(given: Sequence[str], removable: bool = False) -> dict[str, str]:
+    """`--limit KEY=VALUE` options as a checked table (a later one wins)."""
+    table: dict[str, str] = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise InputError(
+                f"--limit {item!r} is not KEY=VALUE", hint="for example --limit memory_max=4G"
+            )
+        table[name.strip()] = value.strip()
+    return of_task(table, "--limit", removable)
 
 
 def lines(table: Mapping[str, str]) -> list[str]:

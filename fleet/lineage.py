@@ -102,6 +102,7 @@ def handoff(
         # The work goes on, and so does its budget (which counts what its predecessors spent).
         max_cost_usd=task.max_cost_usd,
         max_tokens=task.max_tokens,
+        limits=task.limits,
     )
     return store.handoff(task_id, successor, context)
 

@@ -37,7 +37,7 @@ MERGE_STRATEGIES = ("merge", "rebase", "ff-only", "branch")  # how a worktree's 
 
 class Field(NamedTuple):
     name: str
-    kind: str  # "text", "int", "real", "bool", "list" (a JSON array of strings)
+    kind: str  # "text", "int", "real", "bool", "list" (a JSON array of strings), "object"
     doc: str
 
 
@@ -171,6 +171,12 @@ TASK_FIELDS: tuple[Field, ...] = (
         "the walls around the task's agent (none, standard or strict); null means its coder's"
         " sandbox setting, else the sandbox setting",
     ),
+    Field(
+        "limits",
+        "object",
+        "the task's own resource limits (fleet.toml(5), coders.NAME.limits: name to value), over"
+        " its coder's and its labels'; null: none of its own",
+    ),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -248,6 +254,7 @@ class Task(NamedTuple):
     max_cost_usd: float | None
     max_tokens: int | None
     sandbox: str | None
+    limits: dict[str, str] | None
 
     @property
     def isolated(self) -> bool:
@@ -378,6 +385,7 @@ class TaskSpec(NamedTuple):
     max_cost_usd: float | None = None  # budgets over all attempts; None: the settings'
     max_tokens: int | None = None
     sandbox: str | None = None  # none, standard, strict; None: the coder's or the setting
+    limits: dict[str, str] | None = None  # checked by fleet.limits; None: none of its own
 
 
 class TaskEdit(NamedTuple):
@@ -397,13 +405,13 @@ class TaskEdit(NamedTuple):
     clear: frozenset[str] = frozenset()  # fields to set to null
     max_cost_usd: float | None = None
     max_tokens: int | None = None
+    limits: dict[str, str] | None = None  # merged into the task's own; "" removes a name
 
     @property
     def touches_run(self) -> bool:
         """Whether it changes what a running attempt was started with."""
-        return any(v is not None for v in (self.cwd, self.coder, self.model)) or bool(
-            self.clear & {"coder", "model"}
-        )
+        given = (self.cwd, self.coder, self.model, self.limits)
+        return any(v is not None for v in given) or bool(self.clear & {"coder", "model"})
 
 
 class AttemptEnd(NamedTuple):

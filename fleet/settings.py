@@ -426,7 +426,8 @@ SETTINGS: tuple[Setting, ...] = (
         {},
         "Limits of the attempts of tasks with a label, over the task_* settings and a coder's"
         ' limits: {LABEL = {memory_max = "8G", memory_high, cpu_weight, cpu_quota_pct,'
-        " tasks_max, io_weight, runtime_max}}; of several labels, the later wins.",
+        " tasks_max, io_weight, runtime_max}}; of several labels, the later wins; a task's own"
+        " (fleet add --limit) wins over them.",
     ),
     Setting(
         "sandbox",

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from fleet import coders
+from fleet import asktools, coders
 from fleet.coders.base import CoderSettings, Event, Kind, RunSpec, Tally, Verdict
 from fleet.coders.codex import LAST_MESSAGE, CodexCoder, overrides, try_again_at
 from fleet.config import load
@@ -599,15 +599,9 @@ def test_codex_writes_a_file_and_closes_its_task(
     # codex started fleet-ask as its MCP server, and offered its tools with every request.
     assert asked.read_text() == f"{tid} {home} 0\n"
     for body in bodies:
-        assert openai_responses.namespaces(body)["mcp__fleet"] == [
-            "ask_human",
-            "checkpoint",
-            "handoff",
-            "notify_human",
-            "spawn_subtask",
-            "task_blocked",
-            "task_done",
-        ]
+        # Every tool fleet-ask declares (fleet.asktools), in codex's (sorted) order.
+        assert openai_responses.namespaces(body)["mcp__fleet"] == sorted(asktools.TOOLS)
+        assert {"ask_human", "task_done", "send_message", "claim"} <= set(asktools.TOOLS)
     assert (home / "tasks" / tid / LAST_MESSAGE).read_text().startswith("Done: wrote")
     # The x-codex-* headers reached fleet's gauges through codex's session file.
     store = open_store(resolve())

@@ -78,6 +78,63 @@ def test_a_coders_and_a_labels_limits_win_over_the_settings(fleet: InProcess) ->
         assert result.code == 5 and said in result.err, result.err
 
 
+def test_a_tasks_own_limits_are_checked_kept_shown_and_win(
+    fleet: InProcess, tmp_path: Path
+) -> None:
+    settings = (
+        "task_memory_max=2G",
+        'coders.codex.limits={tasks_max = "4096"}',
+        'label_limits={heavy = {memory_max = "8G", cpu_weight = "50"}}',
+    )
+    text = dropin_of(
+        fleet, "t", "--coder", "codex", "--label", "heavy",
+        "--limit", "memory_max=3G", "--limit", "tasks_max=64", settings=settings,
+    )  # fmt: skip
+    lines = text.splitlines()
+    assert "MemoryMax=3G" in lines and "TasksMax=64" in lines and "CPUWeight=50" in lines
+    assert "MemoryMax=8G" not in lines and "TasksMax=4096" not in lines
+    (row,) = json.loads(fleet.ok("ls", "--json"))
+    assert row["limits"] == {"memory_max": "3G", "tasks_max": "64"}
+    assert "memory_max=3G, tasks_max=64" in fleet.ok("show", row["id"])
+    # Edited before it runs: one more, one taken off (back to the label's).
+    edited = json.loads(
+        fleet.ok("edit", row["id"], "--limit", "memory_max=", "--limit", "io_weight=10", "--json")
+    )
+    assert edited["limits"] == {"tasks_max": "64", "io_weight": "10"}
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(
+        json.dumps({"title": "b", "limits": {"runtime_max": "600"}})
+        + "\n"
+        + json.dumps({"title": "c", "limits": {"memory_max": "1G"}})
+        + "\n"
+    )
+    b, c = json.loads(fleet.ok("add", "--batch", str(batch), "--limit", "memory_max=4G", "--json"))
+    assert b["limits"] == {"memory_max": "4G", "runtime_max": "600"}
+    assert c["limits"] == {"memory_max": "1G"}  # the line's own wins
+    assert json.loads(fleet.ok("show", fleet.add("plain"), "--json"))["limits"] is None
+    for args, said in (
+        (("--limit", "memory_max=lots"), "--limit: memory_max must be 4G, 512M"),
+        (("--limit", "swap=1G"), "--limit: unknown limit 'swap'"),
+        (("--limit", "tasks_max"), "--limit 'tasks_max' is not KEY=VALUE"),
+        (("--limit", "cpu_weight=0"), "cpu_weight must be a whole number from 1 to 10000"),
+    ):
+        result = fleet("add", "x", *args)
+        assert result.code == 2 and said in result.err, result.err
+        assert len(result.err.splitlines()) <= 2  # the error and its hint
+    for line, said in (
+        ({"title": "d", "limits": {"tasks_max": 64}}, "line 1: limits: tasks_max must be"),
+        ({"title": "d", "limits": "4G"}, "line 1: limits must be an object"),
+    ):
+        batch.write_text(json.dumps(line) + "\n")
+        result = fleet("add", "--batch", str(batch))
+        assert result.code == 2 and said in result.err, result.err
+    for bad, said in (("memory_max=much", "memory_max must be"), ("swap=", "unknown limit")):
+        result = fleet("edit", row["id"], "--limit", bad)
+        assert result.code == 2 and said in result.err, result.err
+    assert len(json.loads(fleet.ok("ls", "--json"))) == 4  # nothing refused was added
+    assert json.loads(fleet.ok("show", row["id"], "--json"))["limits"] == edited["limits"]
+
+
 def test_standard_binds_what_the_task_needs(fleet: InProcess, tmp_path: Path) -> None:
     odd = tmp_path / "my project"
     odd.mkdir()
@@ -216,6 +273,25 @@ def test_limits_reach_the_cgroup_and_the_dropin_goes_with_the_attempt(units: Uni
     units.box.wait_for(
         lambda: not dropin_path(units.box, task_id).exists(), 30, "the drop-in to go"
     )
+
+
+def test_a_tasks_own_limits_reach_its_cgroup_and_not_anothers(units: Units) -> None:
+    units("config", "set", "task_memory_max=400M", "task_tasks_max=300")
+    release = units.project / "release"
+    script = f"while [ ! -e {release} ]; do sleep 0.1; done"
+    own = units.add(script, "--limit", "memory_max=200M", "--limit", "tasks_max=50")
+    other = units.add(script)
+    units.box.wait_for(
+        lambda: {units.prop(own, "ActiveState"), units.prop(other, "ActiveState")} == {"active"},
+        60,
+        "both attempts to run",
+    )
+    assert cgroup_file(units.box, own, "memory", "memory.limit_in_bytes") == str(200 << 20)
+    assert cgroup_file(units.box, own, "pids", "pids.max") == "50"
+    assert cgroup_file(units.box, other, "memory", "memory.limit_in_bytes") == str(400 << 20)
+    assert cgroup_file(units.box, other, "pids", "pids.max") == "300"
+    release.touch()
+    assert units.wait(own) == 0 and units.wait(other) == 0
 
 
 def test_an_agent_under_standard_cannot_get_out(units: Units, tmp_path: Path) -> None:

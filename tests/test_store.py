@@ -54,6 +54,7 @@ def test_add_then_get_round_trips_every_field(store: Store, project: Path) -> No
                 after=(dep.id,),
                 parent=dep.id,
                 sandbox="strict",
+                limits={"memory_max": "1G"},
             )
         ]
     )
@@ -68,6 +69,7 @@ def test_add_then_get_round_trips_every_field(store: Store, project: Path) -> No
     assert (got.priority, got.labels, got.after, got.parent) == (0, ("a", "b"), (dep.id,), dep.id)
     assert got.waiting_on == (dep.id,)
     assert got.status == Status.READY and got.sandbox == "strict"
+    assert got.limits == {"memory_max": "1G"}
     assert got.id.startswith("fl-") and len(got.id) == 9
 
 
@@ -307,6 +309,12 @@ def test_edit_changes_fields_labels_and_dependencies(store: Store, project: Path
     assert (t.labels, t.after, t.coder) == (("y",), (b.id,), "codex")
     t = store.edit(c.id, TaskEdit(clear=frozenset({"coder"})))
     assert t.coder is None
+    # A task's own limits merge, and an empty value removes one; none left is null.
+    t = store.edit(c.id, TaskEdit(limits={"memory_max": "2G", "cpu_weight": "50"}))
+    assert t.limits == {"memory_max": "2G", "cpu_weight": "50"}
+    t = store.edit(c.id, TaskEdit(limits={"memory_max": "", "tasks_max": "64"}))
+    assert t.limits == {"cpu_weight": "50", "tasks_max": "64"}
+    assert store.edit(c.id, TaskEdit(limits={"cpu_weight": "", "tasks_max": ""})).limits is None
 
 
 def test_edit_refuses_cycles(store: Store, project: Path) -> None:
@@ -328,6 +336,9 @@ def test_edit_freezes_the_run_fields_while_claimed(store: Store, project: Path) 
     claim(store)
     with pytest.raises(Conflict, match="frozen"):
         store.edit(t.id, TaskEdit(model="other"))
+    with pytest.raises(Conflict, match="limits are frozen"):
+        store.edit(t.id, TaskEdit(limits={"memory_max": "1G"}))
+    assert store.get(t.id).limits is None
     assert store.edit(t.id, TaskEdit(title="renamed")).title == "renamed"
 
 

@@ -38,6 +38,7 @@ class Defaults(NamedTuple):
     labels: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     sandbox: str | None = None
+    limits: tuple[tuple[str, str], ...] = ()
 
 
 BATCH_KEYS = (
@@ -58,6 +59,7 @@ BATCH_KEYS = (
     "max_cost_usd",
     "max_tokens",
     "sandbox",
+    "limits",
 )
 MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is a mistake
 
@@ -133,6 +135,16 @@ MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is
     " sandbox, else the sandbox setting]; with --batch, for the lines that give none.",
 )
 @click.option(
+    "--limit",
+    "limits",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A resource limit of the task's own, over its coder's and its labels' (keys as in"
+    " [coders.NAME] limits: memory_max, memory_high, cpu_weight, cpu_quota_pct, tasks_max,"
+    " io_weight, runtime_max; see fleet.toml(5)); repeatable; with --batch, for every line"
+    " (its own key `limits` wins).",
+)
+@click.option(
     "--batch",
     metavar="FILE|-",
     help="Add many tasks from a file of JSON lines (keys as the options, parent_waits for"
@@ -160,6 +172,7 @@ def add(
     max_cost: float | None,
     max_tokens: int | None,
     sandbox: str | None,
+    limits: tuple[str, ...],
     batch: str | None,
     fmt: str | None,
 ) -> None:
@@ -170,7 +183,7 @@ def add(
     """
     specs, lines, source = build(
         app, title, description, cwd, coder, model, priority, after, labels, parent,
-        parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox, batch,
+        parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox, limits, batch,
     )  # fmt: skip
     tasks = add_tasks(app, specs, lines, source)
     out = fmt_of(fmt)
@@ -209,11 +222,14 @@ def build(
     max_cost: float | None,
     max_tokens: int | None,
     sandbox: str | None,
+    limits: tuple[str, ...],
     batch: str | None,
 ) -> tuple[list[TaskSpec], list[int], str]:
     """The specs `fleet add`'s arguments ask for, the batch's line numbers and its source."""
     from fleet import inputs
+    from fleet.limits import pairs
 
+    own = pairs(limits)
     lines: list[int] = []
     source = ""
     if batch is not None and (parent is not None or parent_waits):
@@ -246,6 +262,7 @@ def build(
             labels=tuple(dict.fromkeys(inputs.label(x) for x in labels)),
             after=tuple(dict.fromkeys(after)),
             sandbox=sandbox,
+            limits=tuple(own.items()),
         )
         specs, lines = read_batch(app, batch, defaults)
     else:
@@ -254,6 +271,7 @@ def build(
         one = One(
             title, inputs.description(description), cwd, coder, model, priority, after, labels,
             parent, parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox,
+            tuple(own.items()),
         )  # fmt: skip
         specs = [spec_of(app, one)]
     return specs, lines, source
@@ -278,6 +296,7 @@ class One(NamedTuple):
     max_cost: float | None = None
     max_tokens: int | None = None
     sandbox: str | None = None
+    limits: tuple[tuple[str, str], ...] = ()
 
 
 def spec_of(app: App, one: One) -> TaskSpec:
@@ -309,6 +328,7 @@ def spec_of(app: App, one: One) -> TaskSpec:
         max_cost_usd=one.max_cost,
         max_tokens=one.max_tokens,
         sandbox=one.sandbox,
+        limits=dict(one.limits) or None,
     )
 
 
@@ -434,6 +454,7 @@ def _spec(
 ) -> TaskSpec:
     """One batch line as a spec; `earlier`: the lines before it, a `parent` ref names one."""
     from fleet import inputs
+    from fleet.limits import of_task
 
     unknown = sorted(set(obj) - set(BATCH_KEYS))
     if unknown:
@@ -485,6 +506,10 @@ def _spec(
     sandbox = text("sandbox") or defaults.sandbox
     if sandbox is not None and sandbox not in SANDBOXES:
         raise InputError(f"sandbox must be one of {', '.join(SANDBOXES)}, not {sandbox!r}")
+    table = obj.get("limits", {})
+    if not isinstance(table, dict):
+        raise InputError("limits must be an object of limit names to values (strings)")
+    limits = {**dict(defaults.limits), **of_task(table, "limits")}
     max_cost = obj.get("max_cost_usd")
     if max_cost is not None and (
         isinstance(max_cost, bool)
@@ -531,4 +556,5 @@ def _spec(
         max_cost_usd=None if max_cost is None else float(max_cost),
         max_tokens=max_tokens,
         sandbox=sandbox,
+        limits=limits or None,
     )

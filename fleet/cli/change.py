@@ -59,6 +59,14 @@ json_option = click.option(
     metavar="N",
     help="New budget in tokens over all attempts (0: none; empty: back to max_tokens).",
 )
+@click.option(
+    "--limit",
+    "limits",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a resource limit of the task's own, as `fleet add --limit` does (KEY=: remove"
+    " it, back to its coder's, labels' or the setting); repeatable; not while it runs.",
+)
 @json_option
 @pass_app
 def edit(
@@ -77,18 +85,19 @@ def edit(
     parent: str | None,
     max_cost: str | None,
     max_tokens: str | None,
+    limits: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Change a task's fields, labels, dependencies and budgets.
+    """Change a task's fields, labels, dependencies, budgets and limits.
 
-    The directory, coder and model cannot change while an attempt is running.
+    The directory, coder, model and limits cannot change while an attempt is running.
     """
     from fleet import inputs
 
     text = inputs.description(description) if description is not None else None
     change = edit_of(
         app, title, text, cwd, coder, model, priority, labels, unlabel, after, not_after, parent,
-        max_cost, max_tokens,
+        max_cost, max_tokens, limits,
     )  # fmt: skip
     _done(edit_task(app, task_id, change), as_json)
 
@@ -108,10 +117,12 @@ def edit_of(
     parent: str | None = None,
     max_cost: str | None = None,
     max_tokens: str | None = None,
+    limits: Sequence[str] = (),
 ) -> TaskEdit:
     """The change `fleet edit` makes of its options, each checked (None leaves a field alone,
     "" clears coder, model and the budgets); `description` is the text itself."""
     from fleet import inputs
+    from fleet.limits import pairs
 
     emptied = (
         ("coder", coder),
@@ -135,6 +146,7 @@ def edit_of(
         clear=clear,
         max_cost_usd=inputs.amount("--max-cost", max_cost) if max_cost else None,
         max_tokens=inputs.count("--max-tokens", max_tokens) if max_tokens else None,
+        limits=pairs(limits, removable=True) if limits else None,
     )
     return change
 

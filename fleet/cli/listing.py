@@ -315,6 +315,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("attempts", f"{task.attempts} (failures {task.failures}, no-close {task.noclose})"),
             ("tokens", spent(task)),
             ("budget", budget_text(app, task)),
+            ("limits", opt(", ".join(f"{k}={v}" for k, v in (task.limits or {}).items()))),
             ("question", opt(task.question and f"{task.question} (fleet questions)")),
             ("claim", opt(claim)),
             ("unit", opt(f"{unit_state}: {unit_status}" if unit_state else "")),

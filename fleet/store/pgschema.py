@@ -315,6 +315,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE UNIQUE INDEX handoff_offers_open ON handoff_offers (task) WHERE status = 'offered'",
     ),
+    # 16: the task's own resource limits (fleet.limits), a JSON object; null: none.
+    (f"ALTER TABLE tasks ADD COLUMN limits {T}",),
 )
 
 VERSION = len(MIGRATIONS)

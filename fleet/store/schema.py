@@ -429,6 +429,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE UNIQUE INDEX handoff_offers_open ON handoff_offers (task) WHERE status = 'offered'",
     ),
+    # The task's own resource limits (fleet.limits), a JSON object of name to value; null:
+    # none, its coder's and labels' and the task_* settings apply.
+    ("ALTER TABLE tasks ADD COLUMN limits TEXT",),
 )
 
 VERSION = len(MIGRATIONS)

@@ -98,6 +98,7 @@ STOPPING = (
 def _task_json_sql(d: Dialect, t: str = "t") -> str:
     exprs = {
         "labels": d.json(f"{t}.labels"),
+        "limits": d.json(f"{t}.limits"),
         # Almost always empty: parsing '[]' on every row was a tenth of `fleet ls --json`.
         "merged_from": (
             f"CASE WHEN {t}.merged_from = '[]' THEN {d.empty_array}"
@@ -534,7 +535,8 @@ class SQLStore(SQLCoordination):
             row = db.execute(
                 "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
                 " labels, created_at, updated_at, isolation, base, merge, max_cost_usd,"
-                " max_tokens, sandbox) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " max_tokens, sandbox, limits)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (id) DO NOTHING RETURNING seq",
                 (
                     task_id,
@@ -553,6 +555,7 @@ class SQLStore(SQLCoordination):
                     spec.max_cost_usd,
                     spec.max_tokens,
                     spec.sandbox,
+                    json.dumps(spec.limits) if spec.limits else None,
                 ),
             ).fetchone()
             if row is not None:
@@ -566,7 +569,8 @@ class SQLStore(SQLCoordination):
                 raise Conflict(f"cannot edit {task_id}: {MERGE_BUSY}")
             if change.touches_run and cur.claimed_by is not None:
                 raise Conflict(
-                    f"{task_id} has an attempt running; its cwd, coder and model are frozen",
+                    f"{task_id} has an attempt running; its cwd, coder, model and limits are"
+                    " frozen",
                     hint="stop it first, or change them after it ends",
                 )
             if change.cwd is not None and cur.branch is not None and change.cwd != cur.cwd:
@@ -590,6 +594,10 @@ class SQLStore(SQLCoordination):
                     sets[name] = value
             for name in change.clear:
                 sets[name] = None
+            if change.limits is not None:
+                table = {**(cur.limits or {}), **change.limits}
+                table = {k: v for k, v in table.items() if v}
+                sets["limits"] = json.dumps(table) if table else None
             if change.add_labels or change.remove_labels:
                 labels = [x for x in cur.labels if x not in change.remove_labels]
                 labels += [x for x in dict.fromkeys(change.add_labels) if x not in labels]
