@@ -60,7 +60,8 @@ def dispatch_lock(paths: Paths, wait: bool = True) -> Iterator[None]:
 def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> list[str]:
     """Release the claims of this host whose attempt was lost (made in an earlier boot of it,
     or with the lease run out, and the unit gone), with what it spent as its live figures in
-    `paths` last had it."""
+    `paths` last had it. Leases are compared by the store's clock (the database's, on
+    PostgreSQL)."""
     stale = store.stale_claims(me, boot_id())
     if not stale:
         return []
@@ -73,7 +74,7 @@ def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> 
         from fleet.usage import attempt_end
 
         spent = live.spent(paths, task.id, task.attempts) if paths else {}
-        store.release(task.id, me, attempt_end("lost", spent, None))
+        store.release(task.id, me, attempt_end("lost", spent, None), attempt=task.attempts)
         if paths:
             live.remove(paths, task.id)
         recovered.append(task.id)
@@ -102,8 +103,8 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: boo
                 containment.install(paths, config, claimed, scope)
                 systemd.start(scope, ids)
             except FleetError as e:
-                for task_id in ids:
-                    store.release(task_id, me, AttemptEnd("not-started"))
+                for task in claimed:
+                    store.release(task.id, me, AttemptEnd("not-started"), attempt=task.attempts)
                 sys.stderr.write(f"fleet-claim: cannot start units, released {len(ids)}: {e}\n")
                 raise
         except FleetError as e:

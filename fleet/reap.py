@@ -221,7 +221,9 @@ def settle(
         keep_work(task, kind)
     if kind == "killed" and service is not None and shutting_down():
         # Not a person's decision: the machine or the session is going down. Run it again.
-        store.release(task_id, owner(), AttemptEnd("interrupted", exit_status=None))
+        store.release(
+            task_id, owner(), AttemptEnd("interrupted", exit_status=None), attempt=task.attempts
+        )
         return "interrupted"
     status, why = policy(task, kind, reason, config)
     ahead = None
@@ -238,7 +240,9 @@ def settle(
     )
     end = ending(paths, task, kind, found, service)
     try:
-        after = store.finish(task_id, owner(), end, status, why, count, ahead)
+        after = store.finish(
+            task_id, owner(), end, status, why, count, ahead, attempt=task.attempts
+        )
     except Conflict:
         return None  # someone else reaped it meanwhile
     live.remove(paths, task_id)
@@ -286,7 +290,9 @@ def release_refused(
     ):
         return None
     try:
-        store.finish(task.id, owner(), AttemptEnd("not-started"), task.status)
+        store.finish(
+            task.id, owner(), AttemptEnd("not-started"), task.status, attempt=task.attempts
+        )
     except Conflict:
         return None  # released meanwhile
     wake.poke(paths)

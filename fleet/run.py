@@ -39,7 +39,7 @@ from fleet import (
 )
 from fleet.coders.base import Coder, Event, Kind, RunSpec, Tally, Verdict
 from fleet.config import Config, load
-from fleet.errors import Conflict, FleetError, InputError
+from fleet.errors import Conflict, FleetError, InputError, StoreError
 from fleet.eventlog import EventLog
 from fleet.events import MSG_ENDED, MSG_REFUSED, MSG_STARTED, Context, Sink
 from fleet.host import owner
@@ -74,6 +74,7 @@ GIT_GRACE_USEC = 300_000_000
 # While a question waits, the unit's runtime limit is pushed this far ahead (renewed every third
 # of it); it is also the least time the agent has left once the answer arrives.
 EXTEND_WAIT = 300.0
+RENEW_RETRY_S = 2.0  # how soon a renewal the store could not take is asked again
 
 
 def full_id(text: str) -> str:
@@ -511,6 +512,9 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     now = time.monotonic()
     next_ping = now if watchdog else float("inf")
     next_renew = now + run.lease_s / 3
+    # Until when the claim surely holds by this host's clock: the lease, counted from before
+    # the last renewal was asked for (the claim's own lease began before this runner).
+    held_until = now + run.lease_s
     next_status = now
     next_extend = float("inf")
     exited = eof = False
@@ -592,8 +596,23 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     next_status = float("inf")
             if now >= next_renew:
                 next_renew = now + run.lease_s / 3
-                if not run.store.renew(run.task.id, run.me, run.lease_s):
-                    run.stop("lease-lost")
+                try:
+                    renewed = run.store.renew(run.task.id, run.me, run.lease_s, run.task.attempts)
+                except StoreError as e:
+                    # The store is away (a PostgreSQL outage): the agent runs on while the
+                    # claim surely holds, asking again soon; once it may not, it stops.
+                    if now + RENEW_RETRY_S >= held_until:
+                        run.stop("lease-lost")
+                    else:
+                        next_renew = now + RENEW_RETRY_S
+                        run.sink.lifecycle(
+                            None, f"cannot renew the claim, trying again: {e.message}"
+                        )
+                else:
+                    if renewed:
+                        held_until = now + run.lease_s
+                    else:
+                        run.stop("lease-lost")
             if run.kill_at is not None and now >= run.kill_at:
                 signal_group(proc.pid, signal.SIGKILL)
                 run.kill_at = None

@@ -177,7 +177,30 @@ class Setting(NamedTuple):
         return doc["v"]
 
 
+_URL_PASSWORD = re.compile(r"(://[^/?#@]*?:)[^/?#]*@|([?&]password=)[^&#]*")
+
+
+def shown(name: str, value: Any) -> Any:
+    """`value` as fleet prints it: a password in the store's URL masked (libpq reads it, but no
+    listing of the configuration shows it)."""
+    if name == "store" and isinstance(value, str):
+        return _URL_PASSWORD.sub(lambda m: f"{m[1]}***@" if m[1] else f"{m[2]}***", value)
+    return value
+
+
 SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "store",
+        "str",
+        "",
+        "Where the task queue is: empty for SQLite in the state directory (one host), or a"
+        " libpq connection URL postgresql://[USER@]HOST[:PORT]/DATABASE[?…] for a PostgreSQL"
+        " database that several hosts share. Keep the password out of it: libpq reads"
+        " ~/.pgpass, PGPASSFILE, a service file (?service=NAME) and PG* variables; fleet never"
+        " prints the password.",
+        pattern=r"(postgres(ql)?://\S*)?",
+        example="postgresql://fleet@db.example/fleet",
+    ),
     Setting("max_concurrent", "int", 4, "How many tasks may run at once on this host.", 1, 1024),
     Setting(
         "default_coder",

@@ -185,6 +185,99 @@ def store_at_version(home: Path, version: int) -> sqlite3.Connection:
     return db
 
 
+def pg_store_at_version(cluster: Any, version: int, *statements: str) -> str:
+    """The URL of a new PostgreSQL database as fleet's schema `version` left it, with
+    `statements` run in it, for migration tests (the twin of `store_at_version`)."""
+    import psycopg
+
+    from fleet.store.pgschema import MIGRATIONS
+
+    url = str(cluster.new_database(template=None))
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        for step in MIGRATIONS[:version]:
+            for sql in step:
+                conn.execute(sql.encode())
+        conn.execute(b"CREATE TABLE fleet_schema (version INTEGER NOT NULL)")
+        conn.execute(f"INSERT INTO fleet_schema VALUES ({int(version)})".encode())
+        for sql in statements:
+            conn.execute(sql.encode())
+    return url
+
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that uses `backend` runs on each store; one marked `sqlite_only` or
+    `postgresql_only` on that one alone."""
+    if "backend" in metafunc.fixturenames:
+        marked = metafunc.definition.get_closest_marker
+        names = [
+            b for b in BACKENDS if not marked(f"{'postgresql' if b == 'sqlite' else 'sqlite'}_only")
+        ]
+        metafunc.parametrize("backend", names, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Any]:
+    """A PostgreSQL cluster of this test session's own (tests/pg.py), started on first use."""
+    from tests.pg import Cluster
+
+    cluster = Cluster()
+    try:
+        cluster.start()
+        cluster.make_template()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest, home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The store the test's fleet uses: SQLite in its FLEET_HOME, or a new, empty PostgreSQL
+    database (FLEET_STORE, which fleet processes the test starts inherit)."""
+    name = str(request.param)
+    if name == "postgresql":
+        cluster = request.getfixturevalue("pg_cluster")
+        monkeypatch.setenv("FLEET_STORE", cluster.new_database())
+    return name
+
+
+def store_sql(home: Path, sql: str) -> None:
+    """Run `sql` (no parameters) straight on the test's store, bypassing fleet (as a person
+    with the database's shell would), and commit it: FLEET_STORE's PostgreSQL database if
+    set, else SQLite's file in `home`."""
+    url = os.environ.get("FLEET_STORE")
+    if url:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.encode())
+        return
+    db = sqlite3.connect(home / "fleet.db")
+    try:
+        db.execute(sql)
+        db.commit()
+    finally:
+        db.close()
+
+
+def store_rows(home: Path, sql: str) -> list[tuple[Any, ...]]:
+    """The rows of `sql` (no parameters) read straight from the test's store, bypassing fleet:
+    FLEET_STORE's PostgreSQL database if set, else SQLite's file in `home`."""
+    url = os.environ.get("FLEET_STORE")
+    if url:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            return [tuple(r) for r in conn.execute(sql.encode()).fetchall()]
+    db = sqlite3.connect(home / "fleet.db")
+    try:
+        return [tuple(r) for r in db.execute(sql).fetchall()]
+    finally:
+        db.close()
+
+
 def tree_command_lines(root: int) -> dict[int, bytes]:
     """pid -> /proc/PID/cmdline (NULs as spaces) of `root` and of every process below it, as
     any local user can read them."""

@@ -34,6 +34,19 @@ EXPECTED = (
     r"claim, 1 claimer, 200 tasks: median [\d.]+ claims/s \(target >= 500 claims/s" + MET,
     r"claim safety, 1 claimer, 200 tasks: double claims 0, lost 0 over 3 runs \(target 0\)",
     r"claim, 4 vs 1 claimers: ratio [\d.]+x",
+    *(
+        line
+        for backend in ("sqlite", "postgresql")
+        for line in (
+            rf"claim, 8 claimers, 200 tasks, {backend}: median [\d.]+ claims/s"
+            r" \(target >= 1000 claims/s" + MET,
+            rf"claim safety, 8 claimers, 200 tasks, {backend}: double claims 0, lost 0 over 3"
+            r" runs \(target 0\)",
+            rf"ls --json, 2000 tasks, {backend}: median [\d.]+ s \(target <= 1.5 s" + MET,
+        )
+    ),
+    r"claim, 8 claimers, postgresql vs sqlite: ratio [\d.]+x",
+    r"ls --json, 2000 tasks, postgresql vs sqlite: ratio [\d.]+x",
     r"answer -> ask_human returns: median [\d.]+ ms \(target <= 200 ms",
     r"fleet answer process, start to exit: median [\d.]+ ms \(no target\)",
     r"answer runs: 3 answers to one fleet-ask, one question at a time",
@@ -86,6 +99,7 @@ def test_quick_benchmarks_print_every_figure() -> None:
             "ls",
             "add",
             "claim",
+            "backends",
             "answer",
             "messages",
             "telegram",
@@ -96,7 +110,7 @@ def test_quick_benchmarks_print_every_figure() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=360,
         check=False,
     )
     output = proc.stdout + proc.stderr

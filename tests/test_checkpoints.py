@@ -28,6 +28,9 @@ from tests.conftest import ROOT, Fleet, run_fleet, store_at_version
 from tests.conftest import fleet_run as run
 from tests.test_worktree import git, make_repo
 
+# Every test here runs on each store (SQLite, PostgreSQL) unless marked sqlite_only.
+pytestmark = pytest.mark.usefixtures("backend")
+
 FAR = "2099-01-01T00:00:00Z"
 
 
@@ -203,6 +206,7 @@ def test_a_suspended_attempt_counts_as_nothing(fleet: Fleet, project: Path) -> N
     assert fleet.ok("cancel", tid) == f"{tid}\n"
 
 
+@pytest.mark.sqlite_only
 def test_a_version_3_store_is_migrated(home: Path, project: Path) -> None:
     db = store_at_version(home, 3)
     db.execute(

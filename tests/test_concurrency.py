@@ -9,20 +9,24 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
 from fleet.model import TaskSpec
 from fleet.paths import resolve
 from fleet.store import open_store
-from tests.conftest import fleet_exe, run_fleet
+from tests.conftest import fleet_exe, run_fleet, store_rows
 
 TASKS = 1500
 
 
-def _claimer(owner: str, start: mp.synchronize.Event, out: mp.Queue[list[str]]) -> None:
+def _claimer(
+    owner: str, start: mp.synchronize.Event, out: mp.Queue[list[str]], batch: int = 3
+) -> None:
     store = open_store(resolve())
     start.wait()
     got: list[str] = []
     while True:
-        claimed = store.claim(3, owner, 60, "claude", None)
+        claimed = store.claim(batch, owner, 60, "claude", None)
         if not claimed:
             break
         got.extend(t.id for t in claimed)
@@ -38,7 +42,9 @@ def _adder(start: mp.synchronize.Event, cwd: str, out: mp.Queue[list[str]]) -> N
     out.put(added)
 
 
-def test_concurrent_claimers_and_writers_never_double_claim(home: Path, project: Path) -> None:
+def test_concurrent_claimers_and_writers_never_double_claim(
+    backend: str, home: Path, project: Path
+) -> None:
     store = open_store(resolve())
     store.add([TaskSpec(title=f"t{i}", cwd=str(project)) for i in range(TASKS)])
     store.close()
@@ -66,13 +72,42 @@ def test_concurrent_claimers_and_writers_never_double_claim(home: Path, project:
         assert set(remaining) <= set(added)
     finally:
         store.close()
-    db = sqlite3.connect(home / "fleet.db")
-    rows = db.execute("SELECT task, COUNT(*) FROM attempts GROUP BY task").fetchall()
-    db.close()
+    rows = store_rows(home, "SELECT task, COUNT(*) FROM attempts GROUP BY task")
     assert len(rows) == len(claimed) and all(n == 1 for _, n in rows)
 
 
-def test_a_foreign_write_lock_makes_fleet_wait_not_fail(home: Path, project: Path) -> None:
+@pytest.mark.postgresql_only
+def test_eight_claimers_on_postgresql_pass_each_other_and_never_double_claim(
+    backend: str, home: Path, project: Path
+) -> None:
+    """FOR UPDATE SKIP LOCKED: claimers in separate processes (as on separate hosts) that
+    claim one task at a time get disjoint sets, and every task exactly one attempt."""
+    tasks = 4000
+    store = open_store(resolve())
+    store.add([TaskSpec(title=f"t{i}", cwd=str(project)) for i in range(tasks)])
+    store.close()
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    claims: mp.Queue[list[str]] = ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(f"host{i}", start, claims, 1)) for i in range(8)]
+    for p in procs:
+        p.start()
+    start.set()
+    per_claimer = [claims.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    claimed = [task_id for got in per_claimer for task_id in got]
+    assert len(claimed) == tasks and len(set(claimed)) == tasks, "a task was claimed twice"
+    rows = store_rows(home, "SELECT task, count(*), max(n) FROM attempts GROUP BY task")
+    assert len(rows) == tasks and all(n == 1 and top == 1 for _, n, top in rows)
+    assert store_rows(home, "SELECT count(*) FROM tasks WHERE status != 'running'") == [(0,)]
+
+
+@pytest.mark.sqlite_only
+def test_a_foreign_write_lock_makes_fleet_wait_not_fail(
+    backend: str, home: Path, project: Path
+) -> None:
     run_fleet("ls")  # create the store
     blocker = sqlite3.connect(home / "fleet.db", isolation_level=None, check_same_thread=False)
     blocker.execute("BEGIN IMMEDIATE")  # e.g. someone in the sqlite3 shell

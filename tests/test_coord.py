@@ -1,5 +1,6 @@
-"""Agents that coordinate: leases on resources in the store, through the real fleet-ask MCP
-server and `fleet claims` (the real coder CLIs at it are in test_coord_agents.py)."""
+"""Agents that coordinate: leases on resources in each store (the `backend` fixture), through
+the real fleet-ask MCP server and `fleet claims` (the real coder CLIs at it are in
+test_coord_agents.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import json
 import multiprocessing as mp
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,7 +24,7 @@ from fleet.paths import resolve
 from fleet.store import Store, open_store
 from fleet.store.coord import CLAIM_FIELDS, MESSAGE_FIELDS, OFFER_FIELDS
 from tests import test_questions
-from tests.conftest import Fleet, fleet_exe, run_fleet
+from tests.conftest import Fleet, fleet_exe, run_fleet, store_sql
 from tests.test_questions import agent
 
 RACERS = 20
@@ -33,7 +33,7 @@ CAUSE = "I found the cause: a stale lock"
 
 
 @pytest.fixture
-def store(home: Path) -> Iterator[Store]:
+def store(backend: str, home: Path) -> Iterator[Store]:
     s = open_store(resolve())
     yield s
     s.close()
@@ -107,10 +107,7 @@ def test_a_lease_ends_at_its_time_on_release_or_with_its_attempt(
     assert store.claim_resource(first, "db-migrations", 60, "").won
     # A lease that has run out is anyone's.
     third = running(store, project)
-    db = sqlite3.connect(resolve().db)
-    db.execute("UPDATE resource_claims SET until = '2000-01-01T00:00:00.000Z'")
-    db.commit()
-    db.close()
+    store_sql(resolve().home, "UPDATE resource_claims SET until = '2000-01-01T00:00:00.000Z'")
     assert store.resource_claims() == []
     assert store.claim_resource(third, "db-migrations", 60, "").won
 
@@ -405,10 +402,7 @@ def test_an_offer_expires_and_the_policy_may_accept_at_once(
 ) -> None:
     task = running(store, project)
     number = offered(fleet, task, "--expires", "600")
-    db = sqlite3.connect(resolve().db)
-    db.execute("UPDATE handoff_offers SET expires_at = '2000-01-01T00:00:00.000Z'")
-    db.commit()
-    db.close()
+    store_sql(resolve().home, "UPDATE handoff_offers SET expires_at = '2000-01-01T00:00:00.000Z'")
     late = fleet("accept", task)
     assert late.code != 0 and f"offer {number} was expired" in late.err
     assert [e.action for e in store.history(task)][-1] == "handoff-expired"

@@ -24,12 +24,15 @@ from fleet.reap import Service, settle
 from fleet.store import Store, open_store
 from fleet.store.schema import VERSION
 from tests import sandbox
-from tests.conftest import Fleet, run_fleet, store_at_version
+from tests.conftest import Fleet, run_fleet, store_at_version, store_rows
 from tests.conftest import fleet_run as run
 from tests.sandbox import Sandbox
 from tests.test_questions import agent, running
 from tests.test_systemd import Fleet as UnitFleet
 from tests.test_worktree import make_repo
+
+# Every test here runs on each store (SQLite, PostgreSQL) unless marked sqlite_only.
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 def trail(fleet: Fleet, task_id: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -40,11 +43,7 @@ def trail(fleet: Fleet, task_id: str) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def audit_rows(home: Path) -> int:
-    db = sqlite3.connect(home / "fleet.db")
-    try:
-        return int(db.execute("SELECT count(*) FROM audit").fetchone()[0])
-    finally:
-        db.close()
+    return int(store_rows(home, "SELECT count(*) FROM audit")[0][0])
 
 
 def test_a_campaign_drawn_as_a_tree_with_its_history(fleet: Fleet, project: Path) -> None:
@@ -253,6 +252,7 @@ def test_spawn_and_handoff_through_the_mcp_server(fleet: Fleet, home: Path) -> N
     assert actions[-3:] == [("spawned", "agent"), ("spawned", "agent"), ("handed-off", "agent")]
 
 
+@pytest.mark.sqlite_only
 def test_a_version_5_store_is_migrated(home: Path, project: Path) -> None:
     db = store_at_version(home, 5)
     db.execute(
@@ -464,6 +464,7 @@ def units(systemd: Sandbox, tmp_path: Path, project: Path) -> Iterator[UnitFleet
     systemd.systemctl("reset-failed", check=False)
 
 
+@pytest.mark.sqlite_only
 def test_a_parent_waits_for_the_subtask_its_agent_spawned(units: UnitFleet) -> None:
     """The parent's agent (a shell script) adds a subtask it waits for and ends its turn; the
     parent runs again only once the subtask is done, and its prompt then says how it ended."""
@@ -500,6 +501,7 @@ def test_a_parent_waits_for_the_subtask_its_agent_spawned(units: UnitFleet) -> N
     assert f"added subtask {child['id']} of fleet task {parent}" in explained
 
 
+@pytest.mark.sqlite_only
 def test_a_running_task_handed_off_and_refused_under_systemd(units: UnitFleet) -> None:
     fleet = units
     mark = fleet.project / "started"

@@ -32,6 +32,9 @@ from tests.conftest import Fleet, fleet_exe, run_fleet, store_at_version
 from tests.sandbox import Sandbox
 from tests.test_systemd import Fleet as UnitFleet
 
+# Every test here runs on each store (SQLite, PostgreSQL) unless marked sqlite_only.
+pytestmark = pytest.mark.usefixtures("backend")
+
 DEADLINE = 30.0
 
 
@@ -384,6 +387,7 @@ def test_answer_names_its_question_clearly(fleet: Fleet) -> None:
     assert answer(task_id, "one")["answer"] == "one"  # now the only one: the task names it
 
 
+@pytest.mark.sqlite_only
 def test_a_version_1_store_is_migrated_with_its_tasks(home: Path, project: Path) -> None:
     db = store_at_version(home, 1)
     db.execute(
@@ -415,6 +419,7 @@ def units(systemd: Sandbox, tmp_path: Path, project: Path) -> Iterator[UnitFleet
     systemd.systemctl("reset-failed", check=False)
 
 
+@pytest.mark.sqlite_only
 def test_a_waiting_task_shows_it_and_outlives_its_runtime_limit(units: UnitFleet) -> None:
     fleet, limit = units, 8
     fleet.setup("retry_limit=1", f"task_timeout_seconds={limit}", "watchdog_seconds=5")
@@ -450,6 +455,7 @@ def test_a_waiting_task_shows_it_and_outlives_its_runtime_limit(units: UnitFleet
     assert {e["SYSLOG_IDENTIFIER"] for e in entries} == {"fleet-ask"}
 
 
+@pytest.mark.sqlite_only
 def test_stopping_a_waiting_task_cancels_its_question(units: UnitFleet) -> None:
     fleet = units
     task_id = fleet.add(f"{sys.executable} {AGENT} 'Are you there?'")

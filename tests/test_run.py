@@ -531,3 +531,56 @@ def test_a_runner_that_fails_stops_its_agents_whole_tree(
     assert ran.returncode not in (0, 3) and "Traceback" not in ran.stderr, ran.stderr
     assert any(line.startswith("fleet-run: error: the disk holding") for line in lines), lines
     assert survivors == []
+
+
+@pytest.mark.postgresql_only
+def test_a_runner_rides_out_a_lost_connection_to_the_store(
+    backend: str, fleet: Fleet, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    from fleet.paths import resolve
+    from fleet.store import open_store
+    from tests.conftest import run_in_background
+    from tests.sandbox import wait_for
+
+    monkeypatch.setenv("FLEET_LEASE_SECONDS", "10")  # renewed every 3.3 s
+    started, go = tmp_path / "started", tmp_path / "go"
+    script = (
+        f'touch {started}; while [ ! -e {go} ]; do sleep 0.1; done; fleet close "$FLEET_TASK_ID"'
+    )
+    tid = fleet.add("waits", "--coder", "command", "-d", script)
+    store = open_store(resolve())
+
+    def lease() -> str:
+        return store.get(tid).lease_until or ""
+
+    out = tmp_path / "run.out"
+    with run_in_background(tid, project, out) as runner:
+        try:
+            wait_for(started.exists, DEADLINE, "the agent")  # the runner is in its loop
+            with psycopg.connect(os.environ["FLEET_STORE"], autocommit=True) as admin:
+                admin.execute(
+                    b"SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    b" WHERE application_name = 'fleet-run'"
+                )
+            before = lease()
+            errors = out.with_suffix(".err")
+            try:
+                wait_for(
+                    lambda: lease() > before, DEADLINE, "a renewal after the connection was lost"
+                )
+            except TimeoutError as e:
+                raise AssertionError(
+                    f"{e}; fleet-run: {runner.poll()} {errors.read_text()}"
+                ) from None
+            assert "cannot renew the claim, trying again" in errors.read_text()
+            assert runner.poll() is None
+            go.touch()
+            assert runner.wait(timeout=DEADLINE) == 0, errors.read_text()
+        finally:
+            go.touch()  # the agent ends even if the runner did not survive
+    store.close()
+    shown = task(fleet, tid)
+    assert shown["status"] == "done"
+    assert [a["outcome"] for a in shown["attempt_log"]] == ["success"]

@@ -1,4 +1,5 @@
-"""Schedules without a running systemd: slots from systemd-analyze, once per slot, overlap.
+"""Schedules without a running systemd: slots from systemd-analyze, once per slot, overlap,
+on each store (the `backend` fixture).
 
 The timers themselves run in tests/test_schedule_units.py, in the systemd sandbox.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleet import calendar
-from fleet.errors import InputError
+from fleet.errors import Conflict, InputError, NotFound
 from fleet.model import TaskSpec
 from fleet.paths import resolve
 from fleet.schedules import Schedule
@@ -28,7 +29,7 @@ ONCE = "2021-06-01 12:00:00"
 
 
 @pytest.fixture
-def store(home: Path) -> Iterator[Store]:
+def store(backend: str, home: Path) -> Iterator[Store]:
     s = open_store(resolve())
     yield s
     s.close()
@@ -185,3 +186,21 @@ def test_next_slot_is_strictly_after_the_last(store: Store, tmp_path: Path) -> N
     assert found is not None
     assert calendar.latest("*:*:*", found, found + 0.5) is None
     assert iso(found).endswith(".000Z")
+
+
+def test_dropping_a_schedule_drops_its_runs_and_keeps_its_tasks(
+    store: Store, tmp_path: Path
+) -> None:
+    schedule(store, "gone", ["x"], tmp_path, overlap="allow")
+    (task_id,) = store.fire("gone", "2021-01-01T00:00:00.000Z", [spec("one")]).tasks
+    with pytest.raises(Conflict, match="schedule gone exists"):
+        schedule(store, "gone", ["y"], tmp_path)
+    assert store.schedule("gone").args == ("x",)  # the refused one changed nothing
+    store.drop_schedule("gone")
+    assert store.schedules() == [] and store.schedule_runs("gone", 10) == []
+    assert store.get(task_id).title == "one"
+    with pytest.raises(NotFound, match="no schedule gone"):
+        store.drop_schedule("gone")
+    # Made again under that name, it fires the same slot afresh.
+    schedule(store, "gone", ["x"], tmp_path, overlap="allow")
+    assert store.fire("gone", "2021-01-01T00:00:00.000Z", [spec("two")]).fresh

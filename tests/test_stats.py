@@ -26,7 +26,7 @@ from tests.conftest import Fleet, store_at_version
 
 
 @pytest.fixture
-def store(home: Path) -> Iterator[Store]:
+def store(backend: str, home: Path) -> Iterator[Store]:
     s = open_store(resolve())
     yield s
     s.close()

@@ -30,7 +30,7 @@ from tests.sandbox import wait_for
 
 
 @pytest.fixture
-def store(home: Path) -> Iterator[Store]:
+def store(backend: str, home: Path) -> Iterator[Store]:
     s = open_store(resolve())
     yield s
     s.close()

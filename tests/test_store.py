@@ -1,10 +1,16 @@
-"""The store's semantics, against the real SQLite store in a temporary FLEET_HOME."""
+"""The store's semantics, against each real store: SQLite in a temporary FLEET_HOME, and a new
+database of the session's own PostgreSQL cluster (the `backend` fixture)."""
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,11 +20,12 @@ from fleet.paths import resolve
 from fleet.store import Store, TaskFilter, open_store
 from fleet.store.base import BadSpec
 from fleet.store.schema import VERSION
-from tests.conftest import store_at_version
+from fleet.timeutil import parse
+from tests.conftest import Fleet, pg_store_at_version, run_fleet, store_at_version, store_rows
 
 
 @pytest.fixture
-def store(home: Path) -> Iterator[Store]:
+def store(backend: str, home: Path) -> Iterator[Store]:
     s = open_store(resolve())
     yield s
     s.close()
@@ -46,6 +53,8 @@ def test_add_then_get_round_trips_every_field(store: Store, project: Path) -> No
                 labels=("a", "b"),
                 after=(dep.id,),
                 parent=dep.id,
+                sandbox="strict",
+                limits={"memory_max": "1G"},
             )
         ]
     )
@@ -59,7 +68,8 @@ def test_add_then_get_round_trips_every_field(store: Store, project: Path) -> No
     )
     assert (got.priority, got.labels, got.after, got.parent) == (0, ("a", "b"), (dep.id,), dep.id)
     assert got.waiting_on == (dep.id,)
-    assert got.status == Status.READY
+    assert got.status == Status.READY and got.sandbox == "strict"
+    assert got.limits == {"memory_max": "1G"}
     assert got.id.startswith("fl-") and len(got.id) == 9
 
 
@@ -155,22 +165,76 @@ def test_a_claim_of_an_earlier_boot_is_stale_at_once_one_of_this_boot_is_not(
     assert [a.outcome for a in store.attempts(old)] == ["lost", None]
 
 
-def test_a_claim_from_before_boots_were_recorded_goes_by_its_lease(home: Path) -> None:
-    db = store_at_version(home, VERSION - 1)
-    now = "2026-11-30T10:00:00.000Z"
-    db.execute(
+def test_a_claim_from_before_boots_were_recorded_goes_by_its_lease(
+    backend: str, home: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = 8  # the schema before the boot of a claim (the ninth migration)
+    insert = (
         "INSERT INTO tasks (id, title, cwd, created_at, updated_at, status, attempts, claimed_by,"
-        " lease_until) VALUES ('fl-aaaaaa', 't', '/', ?, ?, 'running', 1, 'host',"
-        " '2099-01-01T00:00:00.000Z')",
-        (now, now),
+        " lease_until) VALUES ('fl-aaaaaa', 't', '/', '2026-11-30T10:00:00.000Z',"
+        " '2026-11-30T10:00:00.000Z', 'running', 1, 'host', '2099-01-01T00:00:00.000Z')"
     )
-    db.commit()
-    db.close()
+    if backend == "postgresql":
+        cluster = request.getfixturevalue("pg_cluster")
+        monkeypatch.setenv("FLEET_STORE", pg_store_at_version(cluster, before, insert))
+    else:
+        db = store_at_version(home, before)
+        db.execute(insert)
+        db.commit()
+        db.close()
     s = open_store(resolve())
     try:
-        assert s.stale_claims("host", "any boot") == []
+        assert [t.id for t in s.stale_claims("host", "any boot")] == []
+        assert [t.id for t in s.claims("host")] == ["fl-aaaaaa"]
     finally:
         s.close()
+
+
+@pytest.mark.postgresql_only
+def test_both_backends_hold_the_same_tables_at_each_schema_version(
+    backend: str, home: Path, pg_cluster: Any
+) -> None:
+    """Same columns and same named indexes (a primary key or UNIQUE column aside, which
+    SQLite leaves unnamed), at every version both backends have."""
+    import psycopg
+
+    from fleet.store import pgschema, schema
+
+    assert pgschema.VERSION == schema.VERSION
+    # From the version PostgreSQL came in at (its first step that is not empty).
+    first = next(n for n, step in enumerate(pgschema.MIGRATIONS, 1) if step)
+    assert first == 8
+    for version in range(first, schema.VERSION + 1):
+        db = store_at_version(home / f"v{version}", version)
+        lite = {
+            (table, column)
+            for (table,) in db.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            ).fetchall()
+            for (_, column, *_) in db.execute(f"PRAGMA table_info({table})").fetchall()
+        }
+        lite_indexes = {
+            (str(table), str(name))
+            for name, table in db.execute(
+                "SELECT name, tbl_name FROM sqlite_schema WHERE type = 'index'"
+                " AND name NOT LIKE 'sqlite_%'"
+            ).fetchall()
+        }
+        db.close()
+        with psycopg.connect(pg_store_at_version(pg_cluster, version), autocommit=True) as pg:
+            rows = pg.execute(
+                b"SELECT table_name, column_name FROM information_schema.columns"
+                b" WHERE table_schema = current_schema() AND table_name <> 'fleet_schema'"
+            ).fetchall()
+            pg_indexes = pg.execute(
+                b"SELECT i.tablename, i.indexname FROM pg_indexes i"
+                b" WHERE i.schemaname = current_schema() AND NOT EXISTS (SELECT 1"
+                b" FROM pg_constraint c WHERE c.conname = i.indexname AND c.contype IN ('p', 'u'))"
+            ).fetchall()
+        assert {(str(t), str(c)) for t, c in rows} == lite, f"schema version {version}"
+        assert {(str(t), str(i)) for t, i in pg_indexes} == lite_indexes, f"version {version}"
+    # A new database is migrated to the same version by the store itself.
+    assert store_rows(home, "SELECT version FROM fleet_schema") == [(schema.VERSION,)]
 
 
 def test_a_claim_records_the_boot_of_this_process(store: Store, project: Path) -> None:
@@ -245,6 +309,12 @@ def test_edit_changes_fields_labels_and_dependencies(store: Store, project: Path
     assert (t.labels, t.after, t.coder) == (("y",), (b.id,), "codex")
     t = store.edit(c.id, TaskEdit(clear=frozenset({"coder"})))
     assert t.coder is None
+    # A task's own limits merge, and an empty value removes one; none left is null.
+    t = store.edit(c.id, TaskEdit(limits={"memory_max": "2G", "cpu_weight": "50"}))
+    assert t.limits == {"memory_max": "2G", "cpu_weight": "50"}
+    t = store.edit(c.id, TaskEdit(limits={"memory_max": "", "tasks_max": "64"}))
+    assert t.limits == {"cpu_weight": "50", "tasks_max": "64"}
+    assert store.edit(c.id, TaskEdit(limits={"cpu_weight": "", "tasks_max": ""})).limits is None
 
 
 def test_edit_refuses_cycles(store: Store, project: Path) -> None:
@@ -333,6 +403,7 @@ def test_list_filters(store: Store, project: Path, tmp_path: Path) -> None:
     assert ids(cwd=str(project), include_final=True) == [a.id, b.id]
 
 
+@pytest.mark.sqlite_only
 def test_newer_schema_is_refused(home: Path, store: Store) -> None:
     store.close()
     db = sqlite3.connect(home / "fleet.db")
@@ -343,7 +414,8 @@ def test_newer_schema_is_refused(home: Path, store: Store) -> None:
     assert "newer fleet" in (refused.value.hint or "")
 
 
-def test_a_foreign_or_corrupt_database_is_refused(home: Path) -> None:
+@pytest.mark.sqlite_only
+def test_a_foreign_or_corrupt_database_is_refused(backend: str, home: Path) -> None:
     home.mkdir(mode=0o700, parents=True)
     db = sqlite3.connect(home / "fleet.db")
     db.execute("CREATE TABLE x (y)")
@@ -356,8 +428,179 @@ def test_a_foreign_or_corrupt_database_is_refused(home: Path) -> None:
         open_store(resolve())
 
 
+@pytest.mark.sqlite_only
 def test_the_store_is_in_wal_mode_and_private(home: Path, store: Store) -> None:
     db = sqlite3.connect(home / "fleet.db")
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     db.close()
     assert (home.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_runner_whose_claim_was_taken_over_changes_nothing(store: Store, project: Path) -> None:
+    (t,) = store.add([spec("t", project)])
+    claim(store, owner="host")
+    store.release(t.id, "host", AttemptEnd("lost"), attempt=1)
+    claim(store, owner="host")  # the same host claims it again: attempt 2
+    assert not store.renew(t.id, "host", 60, attempt=1)
+    with pytest.raises(Conflict, match="for attempt 1"):
+        store.finish(t.id, "host", AttemptEnd("success"), Status.DONE, attempt=1)
+    assert store.get(t.id).status == Status.RUNNING
+    assert store.renew(t.id, "host", 60, attempt=2)
+    assert store.finish(t.id, "host", AttemptEnd("success"), Status.DONE, attempt=2).status == (
+        Status.DONE
+    )
+
+
+def test_a_lease_is_set_by_the_store_clock(store: Store, project: Path) -> None:
+    store.add([spec("t", project)])
+    before = store.now()
+    (claimed,) = store.claim(1, "me", 600, "claude", None)
+    after = store.now()
+    lease = parse(claimed.lease_until or "")
+    assert parse(before) + 600 - 1 <= lease <= parse(after) + 600 + 1
+    assert store.now() < (claimed.lease_until or "")
+
+
+def test_labels_search_and_coders_filter_alike(store: Store, project: Path) -> None:
+    a, b, c = store.add(
+        [
+            spec("Fix the Parser", project, labels=("x", "y")),
+            spec("parse 100%_done", project, coder="codex"),
+            spec("other", project, labels=("y",)),
+        ]
+    )
+
+    def ids(**kw: object) -> list[str]:
+        return [t.id for t in store.tasks(TaskFilter(**kw))]  # type: ignore[arg-type]
+
+    assert ids(search="PARSE") == [a.id, b.id]  # any case
+    assert ids(search="100%_") == [b.id]  # LIKE's wildcards are plain characters
+    assert ids(search="0%d") == []
+    assert ids(label="y") == [a.id, c.id]
+    assert ids(coder="codex", default_coder="claude") == [b.id]
+    assert ids(coder="claude", default_coder="claude") == [a.id, c.id]
+    assert store.count(TaskFilter(label="y")) == 2
+    assert [x.id for x in store.ready(coders=("codex",), default_coder="claude")] == [b.id]
+
+
+@pytest.mark.postgresql_only
+def test_postgresql_refuses_a_newer_schema_and_a_foreign_database(
+    backend: str, store: Store, pg_cluster: Any
+) -> None:
+    from fleet.store.pgschema import VERSION as PG_VERSION
+
+    url = os.environ["FLEET_STORE"]
+    store.close()
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"UPDATE fleet_schema SET version = {PG_VERSION + 1}".encode())
+    with pytest.raises(StoreError, match=f"schema version {PG_VERSION + 1}") as refused:
+        open_store(resolve())
+    assert "newer fleet" in (refused.value.hint or "")
+    other = pg_cluster.new_database(template=None)
+    with psycopg.connect(other, autocommit=True) as conn:
+        conn.execute(b"CREATE TABLE x (y text)")
+    with pytest.raises(StoreError, match="not fleet's"):
+        open_store(resolve(), url=other)
+
+
+def test_an_unreachable_database_is_one_line_naming_the_host_never_the_password(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone = tmp_path / "no-server-here"
+    gone.mkdir()
+    monkeypatch.setenv("FLEET_STORE", f"postgresql://fleet:s3cret-pw@/fleet?host={gone}&port=5999")
+    result = run_fleet("ls")
+    assert result.code == StoreError.exit_code
+    first, *rest = result.err.splitlines()
+    assert first.startswith(f"fleet: error: cannot reach the task store at {gone}:5999/fleet: ")
+    assert [line.split(":")[1] for line in rest] == [" hint"], result.err
+    assert "s3cret-pw" not in result.err + result.out
+    tcp = "postgresql://fleet:s3cret-pw@127.0.0.1:1/fleet?connect_timeout=5"
+    monkeypatch.setenv("FLEET_STORE", tcp)
+    result = run_fleet("show", "fl-aaaaaa")
+    assert result.code == StoreError.exit_code
+    first, *rest = result.err.splitlines()
+    assert first.startswith("fleet: error: cannot reach the task store at 127.0.0.1:1/fleet: ")
+    assert len(rest) == 1 and "s3cret-pw" not in result.err + result.out
+
+
+def test_the_configuration_never_shows_the_store_password(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for url, masked in (
+        ("postgresql://bob:pa:ss@db.example:5433/q", "postgresql://bob:***@db.example:5433/q"),
+        (
+            "postgresql://db.example/q?password=pw&sslmode=require",
+            "postgresql://db.example/q?password=***&sslmode=require",
+        ),
+        ("postgresql://bob@db.example/q", "postgresql://bob@db.example/q"),
+    ):
+        monkeypatch.setenv("FLEET_STORE", url)
+        assert fleet.ok("config", "get", "store").strip() == masked
+        shown = json.loads(fleet.ok("config", "show", "--json"))
+        assert [e["value"] for e in shown if e["key"] == "store"] == [masked]
+        assert masked in fleet.ok("config", "show")
+
+
+def test_only_a_postgresql_store_imports_psycopg(backend: str, home: Path) -> None:
+    probe = (
+        "import sys; from fleet.cli import main; code = main(['ls']);"
+        " print(code, 'psycopg' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.stdout.split()[-2:] == ["0", str(backend == "postgresql")], proc.stderr
+
+
+@pytest.mark.postgresql_only
+def test_a_lost_connection_is_one_error_changes_nothing_and_is_made_again(
+    backend: str, store: Store, project: Path
+) -> None:
+    import psycopg
+
+    (t,) = store.add([spec("t", project)])
+    with psycopg.connect(os.environ["FLEET_STORE"], autocommit=True) as admin:
+        admin.execute(
+            b"SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            b" WHERE datname = current_database() AND pid != pg_backend_pid()"
+        )
+    with pytest.raises(StoreError, match=r"lost the task store at .*:5432/fleet_") as lost:
+        store.claim(1, "me", 60, "claude", None)
+    assert "\n" not in lost.value.message
+    # Nothing was claimed, and the same store connects again on its next call.
+    assert store.get(t.id).status == Status.READY and store.attempts(t.id) == []
+    assert claim(store) == [t.id]
+
+
+def test_the_store_setting_in_the_configuration_file_picks_postgresql(
+    home: Path, project: Path, pg_cluster: Any
+) -> None:
+    url = pg_cluster.new_database()
+    resolve().config_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    resolve().config_file.write_text(f'# store = "ignored"\nstore = "{url}"\n')
+    added = run_fleet("add", "in postgresql", "--cwd", str(project))
+    assert added.code == 0, added.err
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        titles = conn.execute(b"SELECT id, title FROM tasks").fetchall()
+    assert titles == [(added.out.strip(), "in postgresql")]
+    assert not (home / "fleet.db").exists()
+
+
+@pytest.mark.postgresql_only
+def test_a_batch_add_gathers_the_statistics_claims_are_planned_by(
+    backend: str, store: Store, home: Path, project: Path
+) -> None:
+    def analyzed() -> list[tuple[Any, ...]]:
+        return store_rows(
+            home, "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'tasks'"
+        )
+
+    store.add([spec(str(i), project) for i in range(10)])
+    assert analyzed() == [(False,)]
+    store.add([spec(str(i), project) for i in range(500)])
+    assert analyzed() == [(True,)]

@@ -366,6 +366,22 @@ def test_configuration_edits_are_checked_by_the_declarations(web: Web, fleet: Fl
     assert web.post("/config/no_such_key", {"value": "1"}).status_code == 422
 
 
+def test_the_configuration_page_masks_the_store_password(
+    web: Web, fleet: Fleet, pg_cluster: Any
+) -> None:
+    # The cluster trusts its socket, so the password is only there to be masked.
+    url = pg_cluster.new_database().replace("fleet@", "fleet:pw-9@")
+    (resolve().config_file).write_text(f'store = "{url}"\n')
+    masked = url.replace("pw-9", "***")
+    page = web.get("/config").text
+    assert masked in page and "pw-9" not in page
+    # The masked field sent back unchanged keeps the password; a new value replaces it.
+    assert web.post("/config/store", {"value": masked}).status_code == 200
+    assert f'store = "{url}"' in resolve().config_file.read_text()
+    assert web.post("/config/store", {"value": ""}).status_code == 200
+    assert "pw-9" not in resolve().config_file.read_text()
+
+
 # ---------------------------------------------------------------------------- hostile text
 
 

@@ -27,17 +27,22 @@ def config_group() -> None:
 @pass_app
 def config_show(app: App, fmt: str | None) -> None:
     """Show every key with its effective value and where the value came from."""
+    from fleet.settings import shown
+
     cfg = app.config
     out = fmt_of(fmt)
     if out == "table":
         click.echo(f"# {cfg.path}")
         emit_table(
             ("KEY", "VALUE", "SOURCE"),
-            [(k, _text(v), cfg.sources[k]) for k, v in cfg.values.items()],
+            [(k, _text(shown(k, v)), cfg.sources[k]) for k, v in cfg.values.items()],
         )
     else:
         emit_objects(
-            ({"key": k, "value": v, "source": cfg.sources[k]} for k, v in cfg.values.items()),
+            (
+                {"key": k, "value": shown(k, v), "source": cfg.sources[k]}
+                for k, v in cfg.values.items()
+            ),
             out,
         )
 
@@ -47,11 +52,11 @@ def config_show(app: App, fmt: str | None) -> None:
 @pass_app
 def config_get(app: App, key: str) -> None:
     """Print one key's effective value (lists and tables as JSON)."""
-    from fleet.settings import lookup
+    from fleet.settings import lookup, shown
 
     setting, _ = lookup(key)
     value = app.config.values.get(key, setting.default)
-    sys.stdout.write(_text(value) + "\n")
+    sys.stdout.write(_text(shown(key, value)) + "\n")
 
 
 @config_group.command("set")

@@ -151,7 +151,7 @@ def wait_cmd(
     deadline = None if timeout is None else time.monotonic() + timeout
     tty = sys.stderr.isatty()
     inotify = INotify()
-    # The store touches fleet.lock after every commit (see fleet.store.sqlite).
+    # The store touches fleet.lock after every commit (see fleet.store.litestore).
     inotify.add_watch(app.paths.lock, iflags.ATTRIB)
     try:
         followed: dict[str, str] = {}  # a given id -> the successor it was handed off to

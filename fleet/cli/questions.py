@@ -125,7 +125,7 @@ def _wait_for_one(app: App, task_id: str | None, timeout: float | None) -> None:
 
     deadline = None if timeout is None else time.monotonic() + timeout
     inotify = INotify()
-    # The store touches fleet.lock after every commit (see fleet.store.sqlite).
+    # The store touches fleet.lock after every commit (see fleet.store.litestore).
     inotify.add_watch(app.paths.lock, iflags.ATTRIB)
     try:
         while not app.store.questions(task_id):

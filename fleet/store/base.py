@@ -1,6 +1,6 @@
 """The store interface: every state change of a task is one method here, and one transaction.
 
-Semantics every backend must keep (the SQLite one today, PostgreSQL later):
+Semantics every backend must keep (SQLite and PostgreSQL, both fleet.store.sql):
 - each method is atomic, and each transition names the state it expects (compare-and-set), so
   concurrent callers can never claim a task twice or resurrect a finished one;
 - `claim` takes the highest-priority, oldest ready tasks whose dependencies are all done;
@@ -365,7 +365,15 @@ class Store(Coordinating, Protocol):
         """Claim this one task if it is claimable now (as `claim` does); None otherwise."""
         ...
 
-    def renew(self, task_id: str, owner: str, lease_s: float) -> bool: ...
+    def renew(self, task_id: str, owner: str, lease_s: float, attempt: int | None = None) -> bool:
+        """Extend the lease by `lease_s` from now (the store's clock) iff `owner` still holds
+        the claim (of attempt number `attempt`, if given)."""
+        ...
+
+    def now(self) -> str:
+        """The store's clock as an ISO time, which leases are set and compared by: the
+        database's on PostgreSQL, so that hosts whose clocks disagree agree on leases."""
+        ...
 
     def record_session(self, task_id: str, owner: str, attempt: int, session_id: str) -> None:
         """Note the coder's session id on the running attempt as soon as it is known, so that a
@@ -377,7 +385,9 @@ class Store(Coordinating, Protocol):
         the branch, once recorded, never changes (Conflict otherwise)."""
         ...
 
-    def release(self, task_id: str, owner: str, end: AttemptEnd) -> Task:
+    def release(
+        self, task_id: str, owner: str, end: AttemptEnd, attempt: int | None = None
+    ) -> Task:
         """End the attempt and put the task back to ready without counting anything."""
         ...
 
@@ -390,10 +400,12 @@ class Store(Coordinating, Protocol):
         reason: str | None = None,
         count: Count | None = None,
         ahead: int | None = None,
+        attempt: int | None = None,
     ) -> Task:
         """End the attempt; `status` applies unless a person changed the task meanwhile
         (MERGING also applies over a close made during the attempt). `ahead`, if given, is the
-        branch's count of commits its base has not."""
+        branch's count of commits its base has not. Conflict unless `owner` holds the claim
+        (of attempt number `attempt`, if given: a claim taken over since is not the caller's)."""
         ...
 
     # Merge-back of worktree tasks

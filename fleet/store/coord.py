@@ -8,7 +8,8 @@ A lease (`ResourceClaim`) is an agent's word that it works on a resource — a p
   many claimers race, exactly one wins (compare-and-set, the same on any SQL backend);
 - a lease is in force until `until`, its release, or the end of the attempt that took it (the
   attempt's row has `ended_at`): nothing has to clean up after a dead agent, and `finish`
-  needs no change;
+  needs no change. Its time, like an offer's expiry, is set and compared by the store's clock
+  (fleet.store.dialect: the database's, on PostgreSQL), as a task's lease is;
 - a checkpoint saves the task's leases in force (`checkpoint_claims`), with the seconds each
   had left, so that the attempt that resumes from it can take them again where still free;
 - a message is one row per recipient, written with its audit row (`messaged`, on the
@@ -20,24 +21,25 @@ A lease (`ResourceClaim`) is an agent's word that it works on a resource — a p
   compare-and-set, so of two deciders only the first wins; an offer past its time is expired
   (with its audit row) by the first look at it, and is never accepted.
 
-The interface is `Coordinating` (part of `fleet.store.base.Store`); `SQLiteCoordination` is
-its implementation, mixed into the SQLite store, on that store's transactions and audit trail.
+The interface is `Coordinating` (part of `fleet.store.base.Store`); `SQLCoordination` is its
+implementation, mixed into the SQL store (fleet.store.sql) of either backend, on that store's
+transactions and audit trail.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from fleet.errors import Conflict, NotFound
 from fleet.model import Field
-from fleet.timeutil import iso, now_iso, parse
+from fleet.timeutil import now_iso, parse
 
 if TYPE_CHECKING:
     from fleet.model import Task
+    from fleet.store.dialect import Conn, Dialect
 
 CLAIM_FIELDS = (
     Field("scope", "text", "The directory of the holder's task: leases are per directory."),
@@ -214,9 +216,10 @@ class Coordinating(Protocol):
         ...
 
 
-# A lease in force: not run out, and its attempt still going.
+# A lease in force: not run out by the store's clock ({now}: the dialect's time_sql, one
+# parameter), and its attempt still going.
 IN_FORCE = (
-    "c.until > ? AND EXISTS (SELECT 1 FROM attempts a"
+    "c.until > {now} AND EXISTS (SELECT 1 FROM attempts a"
     " WHERE a.task = c.task AND a.n = c.attempt AND a.ended_at IS NULL)"
 )
 MINE = "(c.task = excluded.task AND c.attempt = excluded.attempt)"  # a renewal
@@ -228,25 +231,27 @@ MESSAGE_COLUMNS = "id, recipient, sender, sender_task, text, sent_at, read_at"
 CLAIM_COLUMNS = "c.scope, c.resource, c.task, c.attempt, c.note, c.claimed_at, c.until"
 
 
-class SQLiteCoordination:
-    """`Coordinating` on the SQLite store's connection (mixed into SQLiteStore)."""
+class SQLCoordination:
+    """`Coordinating` on the SQL store's connection (mixed into fleet.store.sql.SQLStore)."""
 
     if TYPE_CHECKING:
+        dialect: ClassVar[Dialect]
 
-        def _write(self) -> AbstractContextManager[sqlite3.Connection]: ...
+        def _write(self) -> AbstractContextManager[Conn]: ...
 
-        def _read(self) -> AbstractContextManager[sqlite3.Connection]: ...
+        def _read(self) -> AbstractContextManager[Conn]: ...
 
-        def _fetch(self, db: sqlite3.Connection, task_id: str) -> Task: ...
+        def _fetch(self, db: Conn, task_id: str) -> Task: ...
 
-        def _audit(
-            self, db: sqlite3.Connection, task_id: str, action: str, **detail: Any
-        ) -> None: ...
+        def _audit(self, db: Conn, task_id: str, action: str, **detail: Any) -> None: ...
 
         actor: Any
 
+    def _in_force(self) -> str:
+        return IN_FORCE.format(now=self.dialect.time_sql)
+
     def claim_resource(self, task_id: str, resource: str, seconds: float, note: str) -> Claimed:
-        now = time.time()
+        d = self.dialect
         with self._write() as db:
             task = self._fetch(db, task_id)
             if task.status != "running" or not task.claimed_by:
@@ -256,19 +261,20 @@ class SQLiteCoordination:
             db.execute(
                 "INSERT INTO resource_claims AS c"
                 " (scope, resource, task, attempt, note, claimed_at, until)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (scope, resource) DO UPDATE SET"
+                f" VALUES (?, ?, ?, ?, ?, {d.time_sql}, {d.time_sql})"
+                " ON CONFLICT (scope, resource) DO UPDATE SET"
                 " task = excluded.task, attempt = excluded.attempt, note = excluded.note,"
                 f" claimed_at = CASE WHEN {MINE} THEN c.claimed_at ELSE excluded.claimed_at END,"
-                f" until = excluded.until WHERE {MINE} OR NOT ({IN_FORCE})",
+                f" until = excluded.until WHERE {MINE} OR NOT ({self._in_force()})",
                 (
                     task.cwd,
                     resource,
                     task_id,
                     task.attempts,
                     note,
-                    iso(now),
-                    iso(now + seconds),
-                    iso(now),
+                    d.time_arg(0),
+                    d.time_arg(seconds),
+                    d.time_arg(0),
                 ),
             )
             row = db.execute(
@@ -289,8 +295,8 @@ class SQLiteCoordination:
             task = self._fetch(db, task_id)
             gone = db.execute(
                 f"DELETE FROM resource_claims AS c WHERE c.scope = ? AND c.resource = ?"
-                f" AND c.task = ? AND {IN_FORCE} RETURNING resource",
-                (task.cwd, resource, task_id, now_iso()),
+                f" AND c.task = ? AND {self._in_force()} RETURNING resource",
+                (task.cwd, resource, task_id, self.dialect.time_arg(0)),
             ).fetchone()
             # A lease that ran out (or whose attempt ended) is gone all the same.
             db.execute(
@@ -304,7 +310,7 @@ class SQLiteCoordination:
     def resource_claims(
         self, scope: str | None = None, task_id: str | None = None
     ) -> list[ResourceClaim]:
-        where, args = [IN_FORCE], [now_iso()]
+        where, args = [self._in_force()], [self.dialect.time_arg(0)]
         if scope is not None:
             where.append("c.scope = ?")
             args.append(scope)
@@ -413,7 +419,7 @@ class SQLiteCoordination:
         self, task_id: str, coder: str, model: str | None, context: str | None, seconds: float
     ) -> Offer:
         self._expire_offers()
-        now = time.time()
+        d = self.dialect
         with self._write() as db:
             task = self._fetch(db, task_id)
             if task.status.final:
@@ -429,9 +435,17 @@ class SQLiteCoordination:
                 )
             row = db.execute(
                 "INSERT INTO handoff_offers (task, coder, model, context, offered_by,"
-                " offered_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                f" offered_at, expires_at) VALUES (?, ?, ?, ?, ?, {d.time_sql}, {d.time_sql})"
                 f" RETURNING {OFFER_COLUMNS}",
-                (task_id, coder, model, context, self.actor.by, iso(now), iso(now + seconds)),
+                (
+                    task_id,
+                    coder,
+                    model,
+                    context,
+                    self.actor.by,
+                    d.time_arg(0),
+                    d.time_arg(seconds),
+                ),
             ).fetchone()
             offer = Offer(*row)
             self._audit(
@@ -446,20 +460,21 @@ class SQLiteCoordination:
         return offer
 
     def _expire_offers(self) -> None:
-        """Expire the open offers past their time (a read first: no write lock if none)."""
-        now = now_iso()
+        """Expire the open offers past their time by the store's clock (a read first: no write
+        lock if none)."""
+        d = self.dialect
+        due_sql = f"status = 'offered' AND expires_at <= {d.time_sql}"
         with self._read() as db:
             due = db.execute(
-                "SELECT 1 FROM handoff_offers WHERE status = 'offered' AND expires_at <= ?",
-                (now,),
+                f"SELECT 1 FROM handoff_offers WHERE {due_sql}", (d.time_arg(0),)
             ).fetchone()
         if due is None:
             return
         with self._write() as db:
             rows = db.execute(
                 "UPDATE handoff_offers SET status = 'expired', decided_at = ?"
-                " WHERE status = 'offered' AND expires_at <= ? RETURNING id, task",
-                (now, now),
+                f" WHERE {due_sql} RETURNING id, task",
+                (now_iso(), d.time_arg(0)),
             ).fetchall()
             for offer_id, task_id in rows:
                 self._audit(db, task_id, "handoff-expired", offer=offer_id)

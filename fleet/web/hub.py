@@ -22,7 +22,7 @@ from typing import Any
 from fleet.paths import Paths, ensure_dir
 
 # The names in the state directory whose change means the picture may have changed: every
-# commit touches fleet.lock (fleet.store.sqlite), and fleet-claim rewrites claim.last. Not the
+# commit touches fleet.lock (fleet.store.litestore), and fleet-claim rewrites claim.last. Not the
 # database files themselves: closing the last connection checkpoints the WAL, so the server's
 # own reads would wake it again, forever.
 WATCHED = frozenset({"fleet.lock", "claim.last"})

@@ -39,10 +39,10 @@ def _text(setting: Setting, value: Any) -> str:
 
 
 def row(config: Config, key: str, error: str | None = None, given: str | None = None) -> Row:
-    from fleet.settings import lookup
+    from fleet.settings import lookup, shown
 
     setting, _ = lookup(key)
-    value = config.values.get(key, setting.default)
+    value = shown(key, config.values.get(key, setting.default))  # no password in a page
     text = _text(setting, value) if given is None else given
     return Row(key, setting, value, text, config.sources.get(key, "default"), error)
 
@@ -68,7 +68,13 @@ async def set_key(request: Request) -> Response:
     web: Web = request.app.state.web
 
     def do(app: App, form: Form) -> Response:
+        from fleet.settings import shown
+
         text = field(form, "value")
+        current = web.config().values.get(key)
+        if text == shown(key, current) != current:
+            # The field showed the value with its password masked, and it came back unchanged.
+            return page(request, "_config_row.html", r=row(web.config(), key)._replace(saved=True))
         try:
             set_keys(app, [f"{key}={text}"])
         except FleetError as e:

@@ -1,30 +1,32 @@
-"""The SQLite task store (WAL mode): the queue on one host.
+"""The task store's semantics (`fleet.store.base`), written once for SQLite and PostgreSQL.
+
+A backend (fleet.store.litestore, fleet.store.pgstore) supplies the connection, its locking and
+its schema, and names its `Dialect` (fleet.store.dialect): the few fragments spelt differently.
 
 Invariants:
-- every write runs as BEGIN IMMEDIATE while holding an exclusive flock on `fleet.lock`, so
-  fleet's own writers queue in the kernel (woken at once, no busy-wait back-off) and SQLite's
-  busy timeout is only a fallback for foreign processes such as the sqlite3 shell;
-- every committed write then touches `fleet.lock` (IN_ATTRIB), so a watcher woken by it
-  always sees the new state;
+- every write runs in `_write()`, one transaction the backend serializes with every other
+  write, except those marked `shared` (claims, renewals and ends of attempts), which only
+  run alongside each other, as their UPDATEs lock what they change;
 - every transition's UPDATE carries the state it expects in its WHERE clause, so the code stays
   correct on a backend without a global write lock;
-- tasks are read as JSON built by SQLite from `TASK_FIELDS`, so `--json` output and `Task`
-  objects come from one expression;
+- a claim is one UPDATE of the tasks it picks (on PostgreSQL `FOR UPDATE SKIP LOCKED`), which
+  sets the owner, counts the attempt and sets the lease by the store's clock; every later
+  write of the attempt names the owner (and, given, the attempt number) it expects;
+- tasks are read as JSON built by the database from `TASK_FIELDS`, so `--json` output and
+  `Task` objects come from one expression;
 - every change a person, an agent or a program makes writes its `audit` row (fleet.audit) in
-  its own transaction, as `actor`; the rows are journaled only once committed.
+  its own transaction, as `actor`; the rows are journaled only once committed;
+- rows that nothing in their transaction reads back (audit rows, a claim's attempt rows) are
+  written last, just before the commit (`_later`): on PostgreSQL in the commit's round trip.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
-import os
-import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
 
 from fleet import audit, host, ids
 from fleet.errors import Conflict, FleetError, InputError, NotFound, StoreError
@@ -49,7 +51,6 @@ from fleet.model import (
     TaskEdit,
     TaskSpec,
 )
-from fleet.paths import Paths, state_dir
 from fleet.questions import not_pending
 from fleet.schedules import MANUAL, Schedule, ScheduleRun
 from fleet.store.base import (
@@ -62,11 +63,10 @@ from fleet.store.base import (
     TaskFilter,
     is_merge_claim,
 )
-from fleet.store.coord import SQLiteCoordination
-from fleet.store.schema import APPLICATION_ID, MIGRATIONS, VERSION
+from fleet.store.coord import SQLCoordination
+from fleet.store.dialect import Conn, Dialect
 from fleet.timeutil import iso, now_iso
 
-BUSY_TIMEOUT_S = 60.0
 DONE_ACTION = {
     "close": "closed",
     "block": "blocked",
@@ -75,7 +75,8 @@ DONE_ACTION = {
     "suspend": "suspended",
 }
 FINAL = tuple(s.value for s in Status if s.final)
-NOT_MERGING = f"(claimed_by IS NULL OR claimed_by NOT GLOB '{MERGE_CLAIM}*')"
+MERGE_CLAIMED = f"substr(claimed_by, 1, {len(MERGE_CLAIM)}) = '{MERGE_CLAIM}'"
+NOT_MERGING = f"(claimed_by IS NULL OR NOT {MERGE_CLAIMED})"
 MERGE_BUSY = "a merge-back is in progress; try again in a moment"
 # The audit action of each merge-back verdict (`merged` is merge-tasks').
 MERGE_ACTION = {
@@ -94,97 +95,88 @@ STOPPING = (
 )
 
 
-def _task_json_sql(t: str = "t") -> str:
+def _task_json_sql(d: Dialect, t: str = "t") -> str:
     exprs = {
-        "labels": f"json({t}.labels)",
-        "limits": f"json({t}.limits)",
+        "labels": d.json(f"{t}.labels"),
+        "limits": d.json(f"{t}.limits"),
         # Almost always empty: parsing '[]' on every row was a tenth of `fleet ls --json`.
         "merged_from": (
-            f"CASE WHEN {t}.merged_from = '[]' THEN json_array() ELSE json({t}.merged_from) END"
+            f"CASE WHEN {t}.merged_from = '[]' THEN {d.empty_array}"
+            f" ELSE {d.json(f'{t}.merged_from')} END"
         ),
         # Most tasks have no dependencies: an index probe is much cheaper than an aggregate.
         "after": (
             f"CASE WHEN EXISTS (SELECT 1 FROM deps d WHERE d.task = {t}.id) THEN"
-            f" (SELECT json_group_array(d.after) FROM deps d WHERE d.task = {t}.id)"
-            " ELSE json_array() END"
+            f" (SELECT {d.json_array_agg('d.after', 'd.after')} FROM deps d"
+            f" WHERE d.task = {t}.id) ELSE {d.empty_array} END"
         ),
         # A successor also waits for its predecessor's attempt to end (see READY_WHERE).
         "waiting_on": (
             f"CASE WHEN EXISTS (SELECT 1 FROM deps d WHERE d.task = {t}.id) OR"
             f" ({t}.predecessor IS NOT NULL AND {STOPPING.format(t=t)}) THEN"
-            " (SELECT json_group_array(w) FROM (SELECT d.after AS w FROM deps d JOIN tasks u"
-            f" ON u.id = d.after WHERE d.task = {t}.id AND u.status != 'done'"
+            f" (SELECT {d.json_array_agg('w', 'w')} FROM (SELECT d.after AS w FROM deps d"
+            f" JOIN tasks u ON u.id = d.after WHERE d.task = {t}.id AND u.status != 'done'"
             f" UNION ALL SELECT p.id FROM tasks p WHERE p.id = {t}.predecessor"
-            " AND p.claimed_by IS NOT NULL)) ELSE json_array() END"
+            f" AND p.claimed_by IS NOT NULL) ws) ELSE {d.empty_array} END"
         ),
     }
-    parts = (f"'{f.name}', {exprs.get(f.name, f'{t}.{f.name}')}" for f in TASK_FIELDS)
-    return "json_object(" + ", ".join(parts) + ")"
+    return d.json_object([(f.name, exprs.get(f.name, f"{t}.{f.name}")) for f in TASK_FIELDS])
 
 
-TASK_JSON = _task_json_sql()
-
-
-def _question_json_sql() -> str:
+def _question_json_sql(d: Dialect) -> str:
     def expr(f: Field) -> str:
         if f.kind == "list":
-            return f"json(q.{f.name})"
+            return d.json(f"q.{f.name}")
         if f.kind == "bool":
-            as_json = f"json(CASE q.{f.name} WHEN 0 THEN 'false' ELSE 'true' END)"
+            as_json = d.json(f"CASE q.{f.name} WHEN 0 THEN 'false' ELSE 'true' END")
             return f"CASE WHEN q.{f.name} IS NULL THEN NULL ELSE {as_json} END"
         return f"q.{f.name}"
 
-    return "json_object(" + ", ".join(f"'{f.name}', {expr(f)}" for f in QUESTION_FIELDS) + ")"
+    return d.json_object([(f.name, expr(f)) for f in QUESTION_FIELDS])
 
 
-QUESTION_JSON = _question_json_sql()
-CHECKPOINT_JSON = (
-    "json_object("
-    + ", ".join(
-        f"'{f.name}', " + (f'json(c."{f.name}")' if f.kind == "list" else f'c."{f.name}"')
-        for f in CHECKPOINT_FIELDS
+def _checkpoint_json_sql(d: Dialect) -> str:
+    return d.json_object(
+        [
+            (f.name, d.json(f'c."{f.name}"') if f.kind == "list" else f'c."{f.name}"')
+            for f in CHECKPOINT_FIELDS
+        ]
     )
-    + ")"
-)
+
+
+def _marks(n: int) -> str:
+    """The placeholders of an IN list of `n` values: none is an empty list (PostgreSQL has no
+    `IN ()`)."""
+    return ", ".join("?" * n) if n else "SELECT NULL WHERE 1 = 0"
+
+
+class Queries:
+    """The statements a dialect spells its own way, built once per dialect."""
+
+    def __init__(self, d: Dialect) -> None:
+        self.task_json = _task_json_sql(d)
+        self.question_json = _question_json_sql(d)
+        self.checkpoint_json = _checkpoint_json_sql(d)
+
+
+# The fence of a runner's write: its attempt, if it names one (bound twice: attempt, attempt).
+ATTEMPT_IS = "(? IS NULL OR attempts = ?)"
+# `predecessor IS NULL OR`: most tasks have none, and without it PostgreSQL may plan the test
+# as an anti-join that reads every claimed task for each ready one.
 READY_WHERE = (
     "t.status = 'ready' AND NOT EXISTS (SELECT 1 FROM deps d JOIN tasks u ON u.id = d.after"
-    " WHERE d.task = t.id AND u.status != 'done') AND NOT " + STOPPING.format(t="t")
+    " WHERE d.task = t.id AND u.status != 'done') AND (t.predecessor IS NULL OR NOT "
+    + STOPPING.format(t="t")
+    + ")"
 )
 ATTEMPT_COLUMNS = ", ".join(f.name for f in ATTEMPT_FIELDS)
 OUTBOX_COLUMNS = (
     "id, channel, target, event, body, task, question, created_at, tries, error, ref, settled,"
     " picked"
 )
+BULK_ADD = 500  # tasks in one add() that make it a batch (see `_grew`)
 KEEP_SENT_S = 30 * 86400  # how long a settled question's message still maps a late reply
 AUDIT_COLUMNS = ", ".join(f.name for f in AUDIT_FIELDS)
-
-
-# SQLite's primary result codes (the low byte of an extended one) that a full disk gives: a
-# write that finds no room says FULL, but growing the -shm index (which every first reader
-# of a WAL database does) or a file fails as IOERR, and creating one as CANTOPEN.
-_SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 10, 13, 14
-
-
-class DiskFull(StoreError):
-    """The disk holding the store has no room left for a write."""
-
-
-def _disk_full(path: object) -> DiskFull:
-    return DiskFull(
-        f"the disk holding the task store {path} is full; nothing was changed",
-        hint="free some space on it; `fleet ls` and `fleet show` still work meanwhile",
-    )
-
-
-def _is_full(e: sqlite3.Error, path: object) -> bool:
-    code = getattr(e, "sqlite_errorcode", 0) & 0xFF
-    if code == _SQLITE_FULL:
-        return True
-    if code not in (_SQLITE_IOERR, _SQLITE_CANTOPEN):
-        return False
-    from fleet.fsutil import nearly_full
-
-    return nearly_full(os.path.dirname(str(path)))
 
 
 # The columns `fleet stats` may group attempts by, and what each one is.
@@ -196,201 +188,47 @@ STAT_DIMENSIONS = {
 }
 
 
-@contextmanager
-def _db_errors(path: object) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.OperationalError as e:
-        text = str(e)
-        if "locked" in text or "busy" in text:
-            raise StoreError(
-                f"the task store {path} stayed locked for {BUSY_TIMEOUT_S:.0f} s",
-                hint="another program holds a long write transaction on it",
-            ) from e
-        if _is_full(e, path):
-            raise _disk_full(path) from e
-        raise StoreError(f"task store {path}: {text}") from e
-    except sqlite3.DatabaseError as e:
-        if _is_full(e, path):
-            raise _disk_full(path) from e
-        raise StoreError(
-            f"{path} is not a usable fleet database: {e}",
-            hint="move it aside; fleet creates a new, empty store",
-        ) from e
+class SQLStore(SQLCoordination):
+    """The shared semantics; a backend subclass supplies `dialect`, `_write`, `_read`, `close`."""
 
+    dialect: ClassVar[Dialect]
+    q: ClassVar[Queries]
+    actor: audit.Actor
+    _trail: list[audit.Row]  # the audit rows of the open write transaction
+    # Writes of the open transaction that nothing in it reads back (audit rows, attempt rows
+    # of a claim): the backend sends them with its COMMIT (on PostgreSQL, in one round trip).
+    _later: list[tuple[str, tuple[Any, ...]]]
 
-class SQLiteStore(SQLiteCoordination):
-    def __init__(
-        self, db: sqlite3.Connection, lock_fd: int, path: object, actor: audit.Actor
-    ) -> None:
-        self._db = db
-        self._lock_fd = lock_fd
-        self._path = path
-        self.actor = actor
-        self._trail: list[audit.Row] = []  # the audit rows of the open write transaction
-        self._read_only = False  # opened for reading only, because the disk is full
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls.q = Queries(cls.dialect)
 
-    @classmethod
-    def open(cls, paths: Paths, actor: audit.Actor) -> SQLiteStore:
-        state_dir(paths.home)
-        try:
-            lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            # SQLite would create the database with the umask's mode (0644); its -wal and
-            # -shm files take the database's mode, so creating it 0600 first covers all three.
-            new = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            with suppress(FileExistsError):
-                os.close(os.open(paths.db, new, 0o600))
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise _disk_full(paths.db) from e
-            raise StoreError(f"cannot open {e.filename}: {e.strerror}") from e
-        with _db_errors(paths.db):
-            db = sqlite3.connect(
-                paths.db, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-            )
-        store = cls(db, lock_fd, paths.db, actor)
-        try:
-            try:
-                store._prepare()
-            except DiskFull:
-                store._db.close()
-                store._db = store._reader(paths)
-                store._read_only = True
-        except BaseException:
-            store.close()
-            raise
-        return store
+    def _write(self, shared: bool = False) -> AbstractContextManager[Conn]:
+        raise NotImplementedError
 
-    @staticmethod
-    def _reader(paths: Paths) -> sqlite3.Connection:
-        """On a full disk, the store for reading only: SQLite's first reader of a WAL database
-        must create and grow its -shm index, which needs room. Without a -wal file the
-        database file holds every commit, and SQLite reads it as it is (immutable=1, no
-        index); with one, some commits are only there, so nothing can be read."""
-        from urllib.parse import quote
-
-        wal = f"{paths.db}-wal"
-        if os.path.exists(wal) and os.path.getsize(wal) > 0:
-            raise _disk_full(paths.db)
-        with _db_errors(paths.db):
-            db = sqlite3.connect(
-                f"file:{quote(str(paths.db))}?immutable=1",
-                uri=True,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            if int(db.execute("PRAGMA user_version").fetchone()[0]) != VERSION:
-                db.close()
-                raise _disk_full(paths.db)  # no room to migrate it
-        return db
+    def _read(self) -> AbstractContextManager[Conn]:
+        raise NotImplementedError
 
     def close(self) -> None:
-        self._db.close()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        raise NotImplementedError
 
-    # -- connection set-up and migrations ------------------------------------------------
-
-    def _prepare(self) -> None:
-        with _db_errors(self._path):
-            self._db.execute("PRAGMA foreign_keys = ON")
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            if self._version() == VERSION and self._journal_mode() == "wal":
-                return
-            with self._locked():
-                # WAL mode is persistent and cannot change inside a transaction.
-                if self._journal_mode() != "wal":
-                    self._db.execute("PRAGMA journal_mode = WAL")
-                # Nor can foreign key enforcement: off, so a migration may rebuild a table that
-                # others refer to; checked as a whole before the commit instead.
-                self._db.execute("PRAGMA foreign_keys = OFF")
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    version = self._version()
-                    for statements in MIGRATIONS[version:]:
-                        for sql in statements:
-                            self._db.execute(sql)
-                    broken = self._db.execute("PRAGMA foreign_key_check").fetchone()
-                    if broken is not None:
-                        raise StoreError(
-                            f"{self._path}: migrating to schema version {VERSION} would leave"
-                            f" a dangling reference in table {broken[0]}",
-                            hint="the store was not changed; report this as a bug",
-                        )
-                    self._db.execute(f"PRAGMA user_version = {VERSION}")
-                    # A migration may rewrite schema text (see schema.py), which SQLite does
-                    # not announce: the new cookie makes other connections re-read it.
-                    cookie = int(self._db.execute("PRAGMA schema_version").fetchone()[0])
-                    self._db.execute(f"PRAGMA schema_version = {cookie + 1}")
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                    raise
-                finally:
-                    self._db.execute("PRAGMA foreign_keys = ON")
-
-    def _journal_mode(self) -> str:
-        return str(self._db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
-
-    def _version(self) -> int:
-        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
-        app = int(self._db.execute("PRAGMA application_id").fetchone()[0])
-        # Migration 1 sets the id first thing: a database without it is fleet's only while
-        # it is empty (just created), and another program's whatever its version says.
-        if app != APPLICATION_ID and (
-            version or app or self._db.execute("SELECT 1 FROM sqlite_schema").fetchone()
-        ):
-            raise StoreError(
-                f"{self._path} is a SQLite database but not fleet's",
-                hint="point FLEET_HOME at another directory",
+    def now(self) -> str:
+        """The store's clock, which leases are set and compared by (fleet.store.dialect)."""
+        with self._read() as db:
+            return str(
+                db.execute(
+                    f"SELECT {self.dialect.time_sql}", (self.dialect.time_arg(0),)
+                ).fetchone()[0]
             )
-        if version > VERSION:
-            raise StoreError(
-                f"{self._path} has schema version {version}; this fleet knows up to {VERSION}",
-                hint="it was written by a newer fleet: upgrade fleet to use it",
-            )
-        return version
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with _db_errors(self._path), self._locked():
-            if self._read_only:
-                raise _disk_full(self._path)
-            self._db.execute("BEGIN IMMEDIATE")
-            self._trail = []
-            try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                # SQLite rolls back by itself on some errors (a full disk): a second ROLLBACK
-                # would fail and hide the error that matters.
-                if self._db.in_transaction:
-                    with suppress(sqlite3.Error):
-                        self._db.execute("ROLLBACK")
-                self._trail = []
-                raise
-            # Announce the commit: the WAL's last write comes before the commit is visible
-            # (that happens in shared memory, which inotify cannot see); this comes after.
-            os.utime(self._lock_fd)
-        trail, self._trail = self._trail, []
-        audit.journal(trail, self.actor.program)
-
-    def _audit(self, db: sqlite3.Connection, task_id: str, action: str, **detail: Any) -> None:
+    def _audit(self, db: Conn, task_id: str, action: str, **detail: Any) -> None:
         """Record `action` on `task_id` in the open write transaction."""
         detail = {k: v for k, v in detail.items() if v is not None}
-        db.execute(
-            "INSERT INTO audit (task, at, action, by, detail) VALUES (?, ?, ?, ?, ?)",
-            (task_id, now_iso(), action, self.actor.by, json.dumps(detail, ensure_ascii=False)),
+        self._later.append(
+            (
+                "INSERT INTO audit (task, at, action, by, detail) VALUES (?, ?, ?, ?, ?)",
+                (task_id, now_iso(), action, self.actor.by, json.dumps(detail, ensure_ascii=False)),
+            )
         )
         self._trail.append(audit.Row(task_id, action, self.actor.by, detail))
 
@@ -412,19 +250,17 @@ class SQLiteStore(SQLiteCoordination):
     def children(self, task_id: str) -> list[Task]:
         with self._read() as db:
             rows = db.execute(
-                f"SELECT {TASK_JSON} FROM tasks t WHERE t.parent = ? ORDER BY t.seq", (task_id,)
+                f"SELECT {self.q.task_json} FROM tasks t WHERE t.parent = ? ORDER BY t.seq",
+                (task_id,),
             ).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
 
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        with _db_errors(self._path):
-            yield self._db
-
     # -- reading ---------------------------------------------------------------------------
 
-    def _fetch(self, db: sqlite3.Connection, task_id: str) -> Task:
-        row = db.execute(f"SELECT {TASK_JSON} FROM tasks t WHERE t.id = ?", (task_id,)).fetchone()
+    def _fetch(self, db: Conn, task_id: str) -> Task:
+        row = db.execute(
+            f"SELECT {self.q.task_json} FROM tasks t WHERE t.id = ?", (task_id,)
+        ).fetchone()
         if row is None:
             raise NotFound(f"no task {task_id}", hint="`fleet ls --all` lists every task")
         return Task.from_json(json.loads(row[0]))
@@ -453,18 +289,19 @@ class SQLiteStore(SQLiteCoordination):
         with self._read() as db:
             return self._fetch(db, task_id)
 
-    @staticmethod
-    def _where(flt: TaskFilter) -> tuple[str, list[Any]]:
+    def _where(self, flt: TaskFilter) -> tuple[str, list[Any]]:
         where: list[str] = []
         args: list[Any] = []
         if flt.statuses:
-            where.append(f"t.status IN ({','.join('?' * len(flt.statuses))})")
+            where.append(f"t.status IN ({_marks(len(flt.statuses))})")
             args.extend(s.value for s in flt.statuses)
         elif not flt.include_final:
-            where.append(f"t.status NOT IN ({','.join('?' * len(FINAL))})")
+            where.append(f"t.status NOT IN ({_marks(len(FINAL))})")
             args.extend(FINAL)
         if flt.label is not None:
-            where.append("EXISTS (SELECT 1 FROM json_each(t.labels) WHERE value = ?)")
+            where.append(
+                f"EXISTS (SELECT 1 FROM {self.dialect.json_each('t.labels')} WHERE value = ?)"
+            )
             args.append(flt.label)
         if flt.cwd is not None:
             base = flt.cwd.rstrip("/") + "/"
@@ -475,16 +312,16 @@ class SQLiteStore(SQLiteCoordination):
             args.extend((flt.default_coder, flt.coder))
         for word in (flt.search or "").split():
             escaped = word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            where.append("t.title LIKE ? ESCAPE '\\'")
+            where.append(f"t.title {self.dialect.like} ? ESCAPE '\\'")
             args.append(f"%{escaped}%")
         return (" WHERE " + " AND ".join(where)) if where else "", args
 
     def _list_sql(self, flt: TaskFilter) -> tuple[str, list[Any]]:
         where, args = self._where(flt)
         order = "DESC" if flt.newest_first else ""
-        sql = f"SELECT {TASK_JSON} FROM tasks t{where} ORDER BY t.seq {order}"
+        sql = f"SELECT {self.q.task_json} FROM tasks t{where} ORDER BY t.seq {order}"
         if flt.limit is not None or flt.offset:
-            limit = -1 if flt.limit is None else flt.limit
+            limit = self.dialect.no_limit if flt.limit is None else flt.limit
             return sql + " LIMIT ? OFFSET ?", [*args, limit, flt.offset]
         return sql, args
 
@@ -513,13 +350,17 @@ class SQLiteStore(SQLiteCoordination):
         where, args = READY_WHERE, []
         if coders is not None:
             where += (
-                f" AND COALESCE(t.coder, ?) {'' if among else 'NOT '}IN"
-                f" ({','.join('?' * len(coders))})"
+                f" AND COALESCE(t.coder, ?) {'' if among else 'NOT '}IN ({_marks(len(coders))})"
             )
             args = [default_coder, *coders]
-        sql = f"SELECT {TASK_JSON} FROM tasks t WHERE {where} ORDER BY t.priority, t.seq LIMIT ?"
+        sql = (
+            f"SELECT {self.q.task_json} FROM tasks t WHERE {where}"
+            " ORDER BY t.priority, t.seq LIMIT ?"
+        )
         with self._read() as db:
-            rows = db.execute(sql, (*args, -1 if limit is None else limit)).fetchall()
+            rows = db.execute(
+                sql, (*args, self.dialect.no_limit if limit is None else limit)
+            ).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
 
     def attempts(self, task_id: str) -> list[Attempt]:
@@ -556,9 +397,16 @@ class SQLiteStore(SQLiteCoordination):
 
     def add(self, specs: Sequence[TaskSpec]) -> list[Task]:
         with self._write() as db:
-            return self._add(db, specs)
+            added = self._add(db, specs)
+        if len(specs) >= BULK_ADD:
+            self._grew()
+        return added
 
-    def _add(self, db: sqlite3.Connection, specs: Sequence[TaskSpec]) -> list[Task]:
+    def _grew(self) -> None:
+        """The tasks table grew by a batch: a backend whose planner needs fresh statistics
+        to keep claiming in index order (PostgreSQL) gathers them."""
+
+    def _add(self, db: Conn, specs: Sequence[TaskSpec]) -> list[Task]:
         """`add` within the open write transaction `db`."""
         self._check_refs(specs)
         new_ids: list[str] = []
@@ -583,7 +431,7 @@ class SQLiteStore(SQLiteCoordination):
                     "UPDATE tasks SET parent = ? WHERE id = ?", (real(spec.parent), new_ids[i])
                 )
             db.executemany(
-                "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
+                "INSERT INTO deps (task, after) VALUES (?, ?) ON CONFLICT DO NOTHING",
                 [(new_ids[i], self._heir(db, real(dep))) for dep in spec.after],
             )
             if spec.merged_from:
@@ -599,13 +447,13 @@ class SQLiteStore(SQLiteCoordination):
                 except FleetError as e:
                     raise BadSpec(i, e.message, e.hint) from None
                 db.execute(
-                    "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
+                    "INSERT INTO deps (task, after) VALUES (?, ?) ON CONFLICT DO NOTHING",
                     (real(spec.parent), new_ids[i]),
                 )
         if len(specs) > 50:
             # Re-reading thousands of rows one by one would dominate a batch add.
             rows = db.execute(
-                f"SELECT {TASK_JSON} FROM tasks t WHERE t.seq > "
+                f"SELECT {self.q.task_json} FROM tasks t WHERE t.seq > "
                 "(SELECT seq FROM tasks WHERE id = ?) - 1 ORDER BY t.seq",
                 (new_ids[0],),
             ).fetchall()
@@ -613,9 +461,7 @@ class SQLiteStore(SQLiteCoordination):
             return [by_id[i] for i in new_ids]
         return [self._fetch(db, i) for i in new_ids]
 
-    def _audit_added(
-        self, db: sqlite3.Connection, task_id: str, spec: TaskSpec, parent: str | None
-    ) -> None:
+    def _audit_added(self, db: Conn, task_id: str, spec: TaskSpec, parent: str | None) -> None:
         self._audit(db, task_id, "added", title=spec.title, parent=parent)
         if parent:
             self._audit(db, parent, "spawned", child=task_id, parent_waits=spec.parent_waits)
@@ -661,7 +507,7 @@ class SQLiteStore(SQLiteCoordination):
                     path.append((nxt, iter(edges.get(nxt, ()))))
 
     @staticmethod
-    def _heir(db: sqlite3.Connection, task_id: str) -> str:
+    def _heir(db: Conn, task_id: str) -> str:
         """The task that carries `task_id`'s work on: its last successor if it was handed
         off (a dependency counts only once its task is done, which a handed-off one never
         is; `handoff` moves the dependencies that exist then the same way), else itself."""
@@ -678,44 +524,42 @@ class SQLiteStore(SQLiteCoordination):
             seen.add(task_id)
 
     @staticmethod
-    def _exists(db: sqlite3.Connection, task_id: str) -> bool:
+    def _exists(db: Conn, task_id: str) -> bool:
         return db.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is not None
 
     @staticmethod
-    def _insert(db: sqlite3.Connection, spec: TaskSpec, now: str) -> str:
+    def _insert(db: Conn, spec: TaskSpec, now: str) -> str:
         for _ in range(100):
             task_id = ids.new_id()
-            try:
-                db.execute(
-                    "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
-                    " labels, created_at, updated_at, isolation, base, merge, max_cost_usd,"
-                    " max_tokens, sandbox, limits)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        task_id,
-                        spec.title,
-                        spec.description,
-                        spec.priority,
-                        spec.cwd,
-                        spec.coder,
-                        spec.model,
-                        json.dumps(list(spec.labels)),
-                        now,
-                        now,
-                        spec.isolation,
-                        spec.base,
-                        spec.merge,
-                        spec.max_cost_usd,
-                        spec.max_tokens,
-                        spec.sandbox,
-                        json.dumps(spec.limits) if spec.limits else None,
-                    ),
-                )
-            except sqlite3.IntegrityError as e:
-                if "tasks.id" in str(e):
-                    continue  # id collision: draw again
-                raise
-            return task_id
+            # A collision with an id already taken inserts nothing: draw again.
+            row = db.execute(
+                "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
+                " labels, created_at, updated_at, isolation, base, merge, max_cost_usd,"
+                " max_tokens, sandbox, limits)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (id) DO NOTHING RETURNING seq",
+                (
+                    task_id,
+                    spec.title,
+                    spec.description,
+                    spec.priority,
+                    spec.cwd,
+                    spec.coder,
+                    spec.model,
+                    json.dumps(list(spec.labels)),
+                    now,
+                    now,
+                    spec.isolation,
+                    spec.base,
+                    spec.merge,
+                    spec.max_cost_usd,
+                    spec.max_tokens,
+                    spec.sandbox,
+                    json.dumps(spec.limits) if spec.limits else None,
+                ),
+            ).fetchone()
+            if row is not None:
+                return task_id
         raise StoreError("could not draw a free task id in 100 tries")
 
     def edit(self, task_id: str, change: TaskEdit) -> Task:
@@ -766,7 +610,7 @@ class SQLiteStore(SQLiteCoordination):
             for dep in add_after:
                 self._check_dependency(db, task_id, dep)
             db.executemany(
-                "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
+                "INSERT INTO deps (task, after) VALUES (?, ?) ON CONFLICT DO NOTHING",
                 [(task_id, d) for d in add_after],
             )
             db.executemany(
@@ -785,14 +629,16 @@ class SQLiteStore(SQLiteCoordination):
             self._audit(db, task_id, "edited", fields=changed)
             return self._fetch(db, task_id)
 
-    def _check_dependency(self, db: sqlite3.Connection, task_id: str, dep: str) -> None:
+    def _check_dependency(self, db: Conn, task_id: str, dep: str) -> None:
         if dep == task_id:
             raise InputError(f"{task_id} cannot depend on itself")
         if not self._exists(db, dep):
             raise NotFound(f"no task {dep}")
         # A new edge task -> dep closes a cycle iff task is already reachable from dep.
         cycle = db.execute(
-            "WITH RECURSIVE r(id) AS (SELECT ? UNION SELECT d.after FROM deps d JOIN r"
+            # The start row is the table's (it exists): both terms have the column's type.
+            "WITH RECURSIVE r(id) AS (SELECT id FROM tasks WHERE id = ?"
+            " UNION SELECT d.after FROM deps d JOIN r"
             " ON d.task = r.id) SELECT 1 FROM r WHERE id = ?",
             (dep, task_id),
         ).fetchone()
@@ -802,13 +648,14 @@ class SQLiteStore(SQLiteCoordination):
                 hint=f"`fleet show {dep}` shows what it depends on",
             )
 
-    def _check_parent(self, db: sqlite3.Connection, task_id: str, parent: str) -> None:
+    def _check_parent(self, db: Conn, task_id: str, parent: str) -> None:
         if parent == task_id:
             raise InputError(f"{task_id} cannot be its own parent")
         if not self._exists(db, parent):
             raise NotFound(f"no task {parent}")
         loop = db.execute(
-            "WITH RECURSIVE r(id) AS (SELECT ? UNION SELECT t.parent FROM tasks t JOIN r"
+            "WITH RECURSIVE r(id) AS (SELECT id FROM tasks WHERE id = ?"
+            " UNION SELECT t.parent FROM tasks t JOIN r"
             " ON t.id = r.id WHERE t.parent IS NOT NULL) SELECT 1 FROM r WHERE id = ?",
             (parent, task_id),
         ).fetchone()
@@ -828,7 +675,7 @@ class SQLiteStore(SQLiteCoordination):
         """Move `task_id` with `sets` iff its status is in `allowed` (and no attempt if idle),
         and no merge-back holds it (its verdict is about to be recorded)."""
         now = now_iso()
-        cond = f"status IN ({','.join('?' * len(allowed))}) AND {NOT_MERGING}"
+        cond = f"status IN ({_marks(len(allowed))}) AND {NOT_MERGING}"
         if idle:
             cond += " AND claimed_by IS NULL"
         with self._write() as db:
@@ -958,11 +805,15 @@ class SQLiteStore(SQLiteCoordination):
                 ),
             )
             db.executemany(
-                "INSERT OR IGNORE INTO deps (task, after) VALUES (?, ?)",
+                "INSERT INTO deps (task, after) VALUES (?, ?) ON CONFLICT DO NOTHING",
                 [(new_id, dep) for dep in successor.after],
             )
             # Whoever waited for the original's work now waits for the successor's.
-            db.execute("UPDATE OR IGNORE deps SET after = ? WHERE after = ?", (new_id, task_id))
+            db.execute(
+                "INSERT INTO deps (task, after) SELECT task, ? FROM deps WHERE after = ?"
+                " ON CONFLICT DO NOTHING",
+                (new_id, task_id),
+            )
             db.execute("DELETE FROM deps WHERE after = ?", (task_id,))
             coder = successor.coder or "the default coder"
             if successor.model:
@@ -1038,10 +889,9 @@ class SQLiteStore(SQLiteCoordination):
             )
             return self._checkpoint(db, task_id, n)
 
-    @staticmethod
-    def _checkpoint(db: sqlite3.Connection, task_id: str, n: int) -> Checkpoint:
+    def _checkpoint(self, db: Conn, task_id: str, n: int) -> Checkpoint:
         row = db.execute(
-            f"SELECT {CHECKPOINT_JSON} FROM checkpoints c WHERE c.task = ? AND c.n = ?",
+            f"SELECT {self.q.checkpoint_json} FROM checkpoints c WHERE c.task = ? AND c.n = ?",
             (task_id, n),
         ).fetchone()
         if row is None:
@@ -1057,7 +907,7 @@ class SQLiteStore(SQLiteCoordination):
     def checkpoints(self, task_id: str) -> list[Checkpoint]:
         with self._read() as db:
             rows = db.execute(
-                f"SELECT {CHECKPOINT_JSON} FROM checkpoints c WHERE c.task = ? ORDER BY c.n",
+                f"SELECT {self.q.checkpoint_json} FROM checkpoints c WHERE c.task = ? ORDER BY c.n",
                 (task_id,),
             ).fetchall()
         return [Checkpoint.from_json(json.loads(r[0])) for r in rows]
@@ -1076,25 +926,19 @@ class SQLiteStore(SQLiteCoordination):
         if n <= 0:
             return []
         boot = boot or host.boot_id()
-        with self._write() as db:
-            gates = self._open_gates(db)
-            if "pause" in gates:
-                return []
-            gated = [g[6:] for g in gates if g.startswith("coder:")]
-            picked = db.execute(
-                f"SELECT t.id FROM tasks t WHERE {READY_WHERE} AND COALESCE(t.coder, ?)"
-                f" NOT IN ({','.join('?' * len(gated))}) ORDER BY t.priority, t.seq LIMIT ?",
-                (default_coder, *gated, n),
-            ).fetchall()
-            claimed = [
-                t
-                for (task_id,) in picked
-                if (
-                    t := self._claim(
-                        db, task_id, owner, lease_s, default_coder, default_model, boot
-                    )
-                )
-            ]
+        d = self.dialect
+        # The gates are read in the claim's own statement: one round trip less.
+        gate_open = f"(g.until IS NULL OR g.until > {d.time_sql})"
+        where = (
+            f"{READY_WHERE} AND NOT EXISTS (SELECT 1 FROM gates g WHERE g.name = 'pause'"
+            f" AND {gate_open}) AND COALESCE(t.coder, ?) NOT IN (SELECT substr(g.name, 7)"
+            f" FROM gates g WHERE substr(g.name, 1, 6) = 'coder:' AND {gate_open})"
+        )
+        args = (d.time_arg(0), default_coder, d.time_arg(0))
+        with self._write(shared=True) as db:
+            claimed = self._claim(
+                db, where, args, n, owner, lease_s, default_coder, default_model, boot
+            )
             return [self._fetch(db, t) for t in claimed]
 
     def claim_task(
@@ -1107,53 +951,75 @@ class SQLiteStore(SQLiteCoordination):
         boot: str | None = None,
     ) -> Task | None:
         boot = boot or host.boot_id()
-        with self._write() as db:
-            ready = db.execute(
-                f"SELECT 1 FROM tasks t WHERE t.id = ? AND {READY_WHERE}", (task_id,)
-            ).fetchone()
-            if not ready or not self._claim(
-                db, task_id, owner, lease_s, default_coder, default_model, boot
+        with self._write(shared=True) as db:
+            where = f"t.id = ? AND {READY_WHERE}"
+            args = (task_id,)
+            if not self._claim(
+                db, where, args, 1, owner, lease_s, default_coder, default_model, boot
             ):
                 return None
             return self._fetch(db, task_id)
 
     def _claim(
         self,
-        db: sqlite3.Connection,
-        task_id: str,
+        db: Conn,
+        where: str,
+        args: tuple[Any, ...],
+        n: int,
         owner: str,
         lease_s: float,
         default_coder: str,
         default_model: str | None,
         boot: str | None,
-    ) -> str | None:
+    ) -> list[str]:
+        """Claim the first `n` ready tasks `where` says, in claim order, in one statement: the
+        owner, the attempt, the lease, by the store's clock, and the boot of the owner's host
+        the claim is made in (its dialect's lock lets concurrent claimers pass over each
+        other's picks instead of waiting for them)."""
         now = now_iso()
-        row = db.execute(
-            "UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = ?,"
+        d = self.dialect
+        rows = db.execute(
+            # Picked once (MATERIALIZED), then claimed: a subquery in the UPDATE's WHERE may be
+            # run again for each row it scans, and hand out more than its LIMIT. The state the
+            # claim expects is checked where it picks (PostgreSQL checks it again on the row
+            # it locks), not in the UPDATE's WHERE, which would make SQLite scan every ready
+            # task by status instead of looking the picked ones up by id.
+            "WITH picked AS MATERIALIZED (SELECT t.id FROM tasks t"
+            f" WHERE {where} AND t.claimed_by IS NULL ORDER BY t.priority, t.seq"
+            f" LIMIT ?{d.skip_locked})"
+            f" UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = {d.time_sql},"
             " claim_boot = ?, attempts = attempts + 1, coder = COALESCE(coder, ?),"
             " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
-            " updated_at = ? WHERE id = ? AND status = 'ready' AND claimed_by IS NULL"
-            " RETURNING attempts, coder, model",
+            " updated_at = ? WHERE id IN (SELECT id FROM picked)"
+            " RETURNING id, attempts, coder, model, priority, seq",
             (
+                *args,
+                n,
                 owner,
-                iso(time.time() + lease_s),
+                d.time_arg(lease_s),
                 boot,
                 default_coder,
                 default_model or None,
                 now,
                 now,
-                task_id,
             ),
-        ).fetchone()
-        if row is None:
-            return None
-        db.execute(
-            "INSERT INTO attempts (task, n, owner, started_at, coder, model)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (task_id, row[0], owner, now, row[1], row[2]),
-        )
-        self._audit(db, task_id, "claimed", attempt=row[0], owner=owner, boot=boot)
-        return task_id
+        ).fetchall()
+        rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING keeps no order
+        if rows:  # one statement, sent with the commit (see _later)
+            self._later.append(
+                (
+                    "INSERT INTO attempts (task, n, owner, started_at, coder, model) VALUES "
+                    + ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(rows)),
+                    tuple(
+                        x
+                        for task_id, n, coder, model, *_ in rows
+                        for x in (task_id, n, owner, now, coder, model)
+                    ),
+                )
+            )
+        for task_id, attempt, *_ in rows:
+            self._audit(db, task_id, "claimed", attempt=attempt, owner=owner, boot=boot)
+        return [r[0] for r in rows]
 
     def set_worktree(self, task_id: str, owner: str, branch: str, worktree: str) -> Task:
         with self._write() as db:
@@ -1173,7 +1039,7 @@ class SQLiteStore(SQLiteCoordination):
             return self._fetch(db, task_id)
 
     def claims(self, owner: str | None = None) -> list[Task]:
-        sql = f"SELECT {TASK_JSON} FROM tasks t WHERE t.claimed_by IS NOT NULL"
+        sql = f"SELECT {self.q.task_json} FROM tasks t WHERE t.claimed_by IS NOT NULL"
         args: tuple[str, ...] = ()
         if owner is not None:
             sql += " AND t.claimed_by = ?"
@@ -1184,21 +1050,23 @@ class SQLiteStore(SQLiteCoordination):
 
     def stale_claims(self, owner: str, boot: str | None) -> list[Task]:
         # Only leased claims (a merge's has none): made in a boot of this host other than
-        # `boot`, or with the lease run out.
+        # `boot`, or with the lease run out by the store's clock.
+        d = self.dialect
         with self._read() as db:
             rows = db.execute(
-                f"SELECT {TASK_JSON} FROM tasks t WHERE t.claimed_by = ?"
-                " AND t.lease_until IS NOT NULL AND (t.lease_until < ?"
-                " OR (? IS NOT NULL AND t.claim_boot IS NOT NULL AND t.claim_boot != ?))"
+                f"SELECT {self.q.task_json} FROM tasks t WHERE t.claimed_by = ?"
+                f" AND t.lease_until IS NOT NULL AND (t.lease_until < {d.time_sql}"
+                " OR (? IS NOT NULL AND t.claim_boot IS NOT NULL AND t.claim_boot <> ?))"
                 " ORDER BY t.seq",
-                (owner, now_iso(), boot, boot),
+                (owner, d.time_arg(0), boot, boot),
             ).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
 
-    @staticmethod
-    def _open_gates(db: sqlite3.Connection) -> dict[str, tuple[str | None, str | None]]:
+    def _open_gates(self, db: Conn) -> dict[str, tuple[str | None, str | None]]:
         rows = db.execute(
-            "SELECT name, until, reason FROM gates WHERE until IS NULL OR until > ?", (now_iso(),)
+            "SELECT name, until, reason FROM gates"
+            f" WHERE until IS NULL OR until > {self.dialect.time_sql}",
+            (self.dialect.time_arg(0),),
         ).fetchall()
         return {name: (until, reason) for name, until, reason in rows}
 
@@ -1210,9 +1078,9 @@ class SQLiteStore(SQLiteCoordination):
         keys = ("name", "until", "reason", "kind", "by", "window", "since")
         with self._read() as db:
             rows = db.execute(
-                "SELECT name, until, reason, kind, by, window, created_at FROM gates"
-                " WHERE until IS NULL OR until > ? ORDER BY name",
-                (now_iso(),),
+                'SELECT name, until, reason, kind, by, "window", created_at FROM gates'
+                f" WHERE until IS NULL OR until > {self.dialect.time_sql} ORDER BY name",
+                (self.dialect.time_arg(0),),
             ).fetchall()
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
@@ -1228,20 +1096,23 @@ class SQLiteStore(SQLiteCoordination):
         kind = kind or ("pause" if name == "pause" else "rate-limit")
         with self._write() as db:
             db.execute(
-                "INSERT OR REPLACE INTO gates (name, until, reason, created_at, by, kind, window)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                'INSERT INTO gates (name, until, reason, created_at, by, kind, "window")'
+                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+                " until = excluded.until, reason = excluded.reason,"
+                " created_at = excluded.created_at, by = excluded.by, kind = excluded.kind,"
+                ' "window" = excluded."window"',
                 (name, until, reason, now, self.actor.by, kind, window),
             )
             # The timeline: a gate still open is extended (or changed), else a new one opens.
             row = db.execute(
-                "UPDATE gate_log SET until = ?, reason = ?, kind = ?, window = ? WHERE id ="
+                'UPDATE gate_log SET until = ?, reason = ?, kind = ?, "window" = ? WHERE id ='
                 " (SELECT max(id) FROM gate_log WHERE name = ? AND ended_at IS NULL"
                 " AND (until IS NULL OR until > ?)) RETURNING id",
                 (until, reason, kind, window, name, now),
             ).fetchone()
             if row is None:
                 db.execute(
-                    "INSERT INTO gate_log (name, kind, reason, by, window, started_at, until)"
+                    'INSERT INTO gate_log (name, kind, reason, by, "window", started_at, until)'
                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (name, kind, reason, self.actor.by, window, now, until),
                 )
@@ -1264,7 +1135,7 @@ class SQLiteStore(SQLiteCoordination):
         keys = ("name", "kind", "reason", "by", "window", "start", "end")
         with self._read() as db:
             rows = db.execute(
-                "SELECT name, kind, reason, by, window, started_at, COALESCE(ended_at, until)"
+                'SELECT name, kind, reason, by, "window", started_at, COALESCE(ended_at, until)'
                 " FROM gate_log WHERE (? IS NULL OR started_at < ?)"
                 " AND (? IS NULL OR COALESCE(ended_at, until) IS NULL"
                 " OR COALESCE(ended_at, until) > ?) ORDER BY started_at, id",
@@ -1323,10 +1194,9 @@ class SQLiteStore(SQLiteCoordination):
     def attempt_durations(
         self, since: str | None, until: str | None, dims: Sequence[str]
     ) -> list[tuple[Any, ...]]:
-        # SQLite's own date arithmetic (a PostgreSQL store: extract(epoch from ...)).
         sql, args, _ = self._stat_sql(
             dims,
-            "(julianday(a.ended_at) - julianday(a.started_at)) * 86400.0,"
+            f"{self.dialect.seconds_between('a.ended_at', 'a.started_at')},"
             " substr(a.ended_at, 1, 13), a.cost",
             since,
             until,
@@ -1435,8 +1305,10 @@ class SQLiteStore(SQLiteCoordination):
     ) -> None:
         with self._write() as db:
             db.execute(
-                "INSERT OR REPLACE INTO gauges (coder, window, status, utilization, resets_at,"
-                " updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                'INSERT INTO gauges (coder, "window", status, utilization, resets_at,'
+                ' updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (coder, "window") DO UPDATE'
+                " SET status = excluded.status, utilization = excluded.utilization,"
+                " resets_at = excluded.resets_at, updated_at = excluded.updated_at",
                 (
                     coder,
                     window,
@@ -1450,30 +1322,33 @@ class SQLiteStore(SQLiteCoordination):
     def gauges(self) -> list[dict[str, Any]]:
         with self._read() as db:
             rows = db.execute(
-                "SELECT coder, window, status, utilization, resets_at, updated_at FROM gauges"
-                " ORDER BY coder, window"
+                'SELECT coder, "window", status, utilization, resets_at, updated_at FROM gauges'
+                ' ORDER BY coder, "window"'
             ).fetchall()
         keys = ("coder", "window", "status", "utilization", "resets_at", "updated_at")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
     def record_session(self, task_id: str, owner: str, attempt: int, session_id: str) -> None:
-        with self._write() as db:
+        with self._write(shared=True) as db:
             db.execute(
                 "UPDATE attempts SET session_id = ? WHERE task = ? AND n = ? AND ended_at IS NULL"
                 " AND EXISTS (SELECT 1 FROM tasks WHERE id = ? AND claimed_by = ?)",
                 (session_id, task_id, attempt, task_id, owner),
             )
 
-    def renew(self, task_id: str, owner: str, lease_s: float) -> bool:
-        with self._write() as db:
+    def renew(self, task_id: str, owner: str, lease_s: float, attempt: int | None = None) -> bool:
+        with self._write(shared=True) as db:
             row = db.execute(
-                "UPDATE tasks SET lease_until = ? WHERE id = ? AND claimed_by = ? RETURNING id",
-                (iso(time.time() + lease_s), task_id, owner),
+                f"UPDATE tasks SET lease_until = {self.dialect.time_sql} WHERE id = ?"
+                f" AND claimed_by = ? AND {ATTEMPT_IS} RETURNING id",
+                (self.dialect.time_arg(lease_s), task_id, owner, attempt, attempt),
             ).fetchone()
             return row is not None
 
-    def release(self, task_id: str, owner: str, end: AttemptEnd) -> Task:
-        return self.finish(task_id, owner, end, Status.READY)
+    def release(
+        self, task_id: str, owner: str, end: AttemptEnd, attempt: int | None = None
+    ) -> Task:
+        return self.finish(task_id, owner, end, Status.READY, attempt=attempt)
 
     def finish(
         self,
@@ -1484,10 +1359,11 @@ class SQLiteStore(SQLiteCoordination):
         reason: str | None = None,
         count: Count | None = None,
         ahead: int | None = None,
+        attempt: int | None = None,
     ) -> Task:
         now = now_iso()
         final = now if status.final else None
-        with self._write() as db:
+        with self._write(shared=True) as db:
             # A person who closed, blocked or cancelled the task meanwhile keeps their status.
             row = db.execute(
                 "UPDATE tasks SET"
@@ -1512,7 +1388,7 @@ class SQLiteStore(SQLiteCoordination):
                 # The attempt that ends has used the checkpoint it was to resume from.
                 " resume_from = CASE WHEN ? = 'not-started' THEN resume_from END,"
                 " claimed_by = NULL, lease_until = NULL, claim_boot = NULL, updated_at = ?"
-                " WHERE id = ? AND claimed_by = ? RETURNING attempts",
+                f" WHERE id = ? AND claimed_by = ? AND {ATTEMPT_IS} RETURNING attempts",
                 (
                     reason,
                     final,
@@ -1537,12 +1413,16 @@ class SQLiteStore(SQLiteCoordination):
                     now,
                     task_id,
                     owner,
+                    attempt,
+                    attempt,
                 ),
             ).fetchone()
             if row is None:
                 cur = self._fetch(db, task_id)
+                which = f" for attempt {attempt}" if attempt is not None else ""
                 raise Conflict(
-                    f"{task_id} is not claimed by {owner} (claimed by {cur.claimed_by or 'nobody'})"
+                    f"{task_id} is not claimed by {owner}{which} (claimed by"
+                    f" {cur.claimed_by or 'nobody'}, attempt {cur.attempts})"
                 )
             db.execute(
                 "UPDATE attempts SET ended_at = ?, outcome = ?, exit_status = ?, tokens_in = ?,"
@@ -1568,9 +1448,13 @@ class SQLiteStore(SQLiteCoordination):
                 ),
             )
             db.executemany(
-                "INSERT OR REPLACE INTO attempt_usage (task, attempt, model, calls, input,"
+                "INSERT INTO attempt_usage (task, attempt, model, calls, input,"
                 " output, cache_read, cache_write, cost, cost_source)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (task, attempt, model)"
+                " DO UPDATE SET calls = excluded.calls, input = excluded.input,"
+                " output = excluded.output, cache_read = excluded.cache_read,"
+                " cache_write = excluded.cache_write, cost = excluded.cost,"
+                " cost_source = excluded.cost_source",
                 [(task_id, row[0], *model) for model in end.usage],
             )
             if status == Status.MERGING:
@@ -1600,7 +1484,7 @@ class SQLiteStore(SQLiteCoordination):
 
     def pending_merges(self) -> list[Task]:
         # Served by the tasks_claim_order index (status first): cheap on every dispatch pass.
-        sql = f"SELECT {TASK_JSON} FROM tasks t WHERE t.status = 'merging' ORDER BY t.seq"
+        sql = f"SELECT {self.q.task_json} FROM tasks t WHERE t.status = 'merging' ORDER BY t.seq"
         with self._read() as db:
             rows = db.execute(sql).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
@@ -1609,19 +1493,19 @@ class SQLiteStore(SQLiteCoordination):
         self, task_id: str, allowed: tuple[Status, ...], strategy: str | None
     ) -> Task:
         with self._write() as db:
-            cond = f"status IN ({','.join('?' * len(allowed))})"
+            cond = f"status IN ({_marks(len(allowed))})"
             row = db.execute(
                 "UPDATE tasks SET status = 'merging', merge = COALESCE(?, merge),"
                 " merge_state = 'pending', merge_reason = NULL, finished_at = NULL,"
                 f" updated_at = ? WHERE id = ? AND {cond}"
                 # A merge claim may be there: the merge-back under way (or a dead one's, which
                 # the merge-back that follows takes over) settles the task either way.
-                f" AND (claimed_by IS NULL OR claimed_by GLOB '{MERGE_CLAIM}*')"
+                f" AND (claimed_by IS NULL OR {MERGE_CLAIMED})"
                 " AND isolation = 'worktree' AND branch IS NOT NULL"
                 # A task blocked for another reason (the retry limit, its own agent) has no
                 # work ready to go back; a merged one has none left to.
                 " AND (status != 'blocked' OR merge_state IN ('conflict', 'failed'))"
-                " AND merge_state IS NOT 'merged' RETURNING id",
+                " AND merge_state IS DISTINCT FROM 'merged' RETURNING id",
                 (strategy, now_iso(), task_id, *(s.value for s in allowed)),
             ).fetchone()
             if row is None:
@@ -1635,7 +1519,7 @@ class SQLiteStore(SQLiteCoordination):
             row = db.execute(
                 "UPDATE tasks SET claimed_by = ?, lease_until = NULL, claim_boot = NULL"
                 " WHERE id = ? AND status = 'merging'"
-                f" AND (claimed_by IS NULL OR claimed_by GLOB '{MERGE_CLAIM}*') RETURNING id",
+                f" AND (claimed_by IS NULL OR {MERGE_CLAIMED}) RETURNING id",
                 (owner, task_id),
             ).fetchone()
             return None if row is None else self._fetch(db, task_id)
@@ -1657,7 +1541,7 @@ class SQLiteStore(SQLiteCoordination):
                 " merged_commit = COALESCE(?, merged_commit), ahead = COALESCE(?, ahead),"
                 " reason = COALESCE(?, reason), finished_at = ?, updated_at = ?,"
                 " claimed_by = NULL, lease_until = NULL, claim_boot = NULL"
-                " WHERE id = ? AND status = ? AND claimed_by IS ? RETURNING id",
+                " WHERE id = ? AND status = ? AND claimed_by IS NOT DISTINCT FROM ? RETURNING id",
                 (
                     status.value,
                     mark.state,
@@ -1711,33 +1595,32 @@ class SQLiteStore(SQLiteCoordination):
                 )
             for _ in range(16):
                 qid = ids.new_question_id()
-                try:
-                    db.execute(
-                        "INSERT INTO questions (id, task, attempt, kind, text, options,"
-                        " multi_select, asked_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            qid,
-                            task_id,
-                            task.attempts,
-                            kind.value,
-                            text,
-                            json.dumps(list(options)),
-                            int(multi_select),
-                            now,
-                            expires_at,
-                        ),
-                    )
+                row = db.execute(
+                    "INSERT INTO questions (id, task, attempt, kind, text, options,"
+                    " multi_select, asked_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (id) DO NOTHING RETURNING id",
+                    (
+                        qid,
+                        task_id,
+                        task.attempts,
+                        kind.value,
+                        text,
+                        json.dumps(list(options)),
+                        int(multi_select),
+                        now,
+                        expires_at,
+                    ),
+                ).fetchone()
+                if row is not None:
                     break
-                except sqlite3.IntegrityError:
-                    continue
             else:
                 raise StoreError("could not draw an unused question id")
             db.execute("UPDATE tasks SET question = ? WHERE id = ?", (qid, task_id))
             self._audit(db, task_id, "asked", question=qid, kind=kind.value)
             return self._question(db, qid)
 
-    def _question(self, db: sqlite3.Connection, qid: str) -> Question:
-        row = db.execute(f"SELECT {QUESTION_JSON} FROM questions q WHERE q.id = ?", (qid,))
+    def _question(self, db: Conn, qid: str) -> Question:
+        row = db.execute(f"SELECT {self.q.question_json} FROM questions q WHERE q.id = ?", (qid,))
         found = row.fetchone()
         if found is None:
             raise NotFound(f"no question {qid}", hint="`fleet questions --all` lists them all")
@@ -1767,7 +1650,7 @@ class SQLiteStore(SQLiteCoordination):
         if task_id is not None:
             where.append("q.task = ?")
             args.append(task_id)
-        sql = f"SELECT {QUESTION_JSON} FROM questions q"
+        sql = f"SELECT {self.q.question_json} FROM questions q"
         if where:
             sql += " WHERE " + " AND ".join(where)
         with self._read() as db:
@@ -1813,7 +1696,7 @@ class SQLiteStore(SQLiteCoordination):
 
     def _end_pending(
         self,
-        db: sqlite3.Connection,
+        db: Conn,
         where: str,
         args: tuple[Any, ...],
         status: QuestionStatus,
@@ -1829,37 +1712,39 @@ class SQLiteStore(SQLiteCoordination):
         return bool(tasks)
 
     @staticmethod
-    def _point_at_pending(db: sqlite3.Connection, task_id: str) -> None:
+    def _point_at_pending(db: Conn, task_id: str) -> None:
         """Keep tasks.question on the newest question still pending (an agent may ask two)."""
         db.execute(
-            "UPDATE tasks SET question = (SELECT q.id FROM questions q WHERE q.task = ?1"
-            " AND q.status = 'pending' ORDER BY q.asked_at DESC, q.id LIMIT 1) WHERE id = ?1",
-            (task_id,),
+            "UPDATE tasks SET question = (SELECT q.id FROM questions q WHERE q.task = ?"
+            " AND q.status = 'pending' ORDER BY q.asked_at DESC, q.id LIMIT 1) WHERE id = ?",
+            (task_id, task_id),
         )
 
     # -- schedules ---------------------------------------------------------------------------
 
     def add_schedule(self, schedule: Schedule) -> Schedule:
         with self._write() as db:
-            try:
-                db.execute(
-                    "INSERT INTO schedules (name, on_calendar, overlap, persistent, args, cwd,"
-                    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        schedule.name,
-                        schedule.on_calendar,
-                        schedule.overlap,
-                        int(schedule.persistent),
-                        json.dumps(list(schedule.args)),
-                        schedule.cwd,
-                        schedule.created_at,
-                    ),
-                )
-            except sqlite3.IntegrityError:
+            # A name already taken inserts nothing (no error, which would end a PostgreSQL
+            # transaction).
+            row = db.execute(
+                "INSERT INTO schedules (name, on_calendar, overlap, persistent, args, cwd,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING"
+                " RETURNING name",
+                (
+                    schedule.name,
+                    schedule.on_calendar,
+                    schedule.overlap,
+                    int(schedule.persistent),
+                    json.dumps(list(schedule.args)),
+                    schedule.cwd,
+                    schedule.created_at,
+                ),
+            ).fetchone()
+            if row is None:
                 raise Conflict(
                     f"schedule {schedule.name} exists",
                     hint=f"fleet schedule rm {schedule.name} first, or choose another name",
-                ) from None
+                )
         return schedule
 
     def schedules(self) -> list[Schedule]:
@@ -1941,7 +1826,9 @@ class SQLiteStore(SQLiteCoordination):
                     json.dumps(task_ids),
                 ),
             )
-            return run
+        if len(task_ids) >= BULK_ADD:
+            self._grew()
+        return run
 
     # -- the outbox and leases ------------------------------------------------------------
 
@@ -1970,10 +1857,10 @@ class SQLiteStore(SQLiteCoordination):
                 ).fetchone()[0]
                 for s in specs
             ]
-            return self._outgoing(db, f"id IN ({', '.join('?' * len(ids))})", ids)
+            return self._outgoing(db, f"id IN ({_marks(len(ids))})", ids)
 
     @staticmethod
-    def _outgoing(db: sqlite3.Connection, where: str, args: Sequence[Any]) -> list[Outgoing]:
+    def _outgoing(db: Conn, where: str, args: Sequence[Any]) -> list[Outgoing]:
         rows = db.execute(f"SELECT {OUTBOX_COLUMNS} FROM outbox WHERE {where} ORDER BY id", args)
         return [
             Outgoing(
@@ -2004,10 +1891,14 @@ class SQLiteStore(SQLiteCoordination):
         before: int | None = None,
     ) -> list[Outgoing]:
         now = now_iso()
-        free = "ref IS NULL AND (claimed_until IS NULL OR claimed_until < ? OR claimed_by = ?)"
-        args: list[Any] = [channel, now, owner]
+        d = self.dialect
+        free = (
+            f"ref IS NULL AND (claimed_until IS NULL OR claimed_until < {d.time_sql}"
+            " OR claimed_by = ?)"
+        )
+        args: list[Any] = [channel, d.time_arg(0), owner]
         if ids:
-            picked = f"id IN ({', '.join('?' * len(ids))})"
+            picked = f"id IN ({_marks(len(ids))})"
             args += ids
         else:
             picked = "(next_at <= ? OR id < ?)"
@@ -2019,12 +1910,12 @@ class SQLiteStore(SQLiteCoordination):
                 return []
         with self._write() as db:
             taken = db.execute(
-                "UPDATE outbox SET claimed_by = ?, claimed_until = ? WHERE id IN"
+                f"UPDATE outbox SET claimed_by = ?, claimed_until = {d.time_sql} WHERE id IN"
                 f" (SELECT id FROM outbox WHERE {where} ORDER BY id LIMIT ?) RETURNING id",
-                (owner, iso(time.time() + seconds), *args, limit),
+                (owner, d.time_arg(seconds), *args, limit),
             ).fetchall()
             found = [r[0] for r in taken]
-            return self._outgoing(db, f"id IN ({', '.join('?' * len(found))})", found)
+            return self._outgoing(db, f"id IN ({_marks(len(found))})", found)
 
     def spool_sent(self, msg_id: int, owner: str, ref: str) -> None:
         with self._write() as db:
@@ -2086,14 +1977,14 @@ class SQLiteStore(SQLiteCoordination):
         return found[0]
 
     def take_lease(self, name: str, owner: str, seconds: float) -> Lease:
-        now = now_iso()
+        d = self.dialect
         with self._write() as db:
             db.execute(
-                "INSERT INTO leases (name, owner, until) VALUES (?, ?, ?) ON CONFLICT (name)"
-                " DO UPDATE SET owner = excluded.owner, until = excluded.until"
+                f"INSERT INTO leases (name, owner, until) VALUES (?, ?, {d.time_sql})"
+                " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, until = excluded.until"
                 " WHERE leases.owner IS NULL OR leases.owner = excluded.owner"
-                " OR leases.until IS NULL OR leases.until < ?",
-                (name, owner, iso(time.time() + seconds), now),
+                f" OR leases.until IS NULL OR leases.until < {d.time_sql}",
+                (name, owner, d.time_arg(seconds), d.time_arg(0)),
             )
             row = db.execute(
                 "SELECT name, owner, until, value FROM leases WHERE name = ?", (name,)
@@ -2111,8 +2002,9 @@ class SQLiteStore(SQLiteCoordination):
         with self._write() as db:
             return (
                 db.execute(
-                    "UPDATE leases SET value = ? WHERE name = ? AND owner = ? AND until >= ?",
-                    (value, name, owner, now_iso()),
+                    "UPDATE leases SET value = ? WHERE name = ? AND owner = ?"
+                    f" AND until >= {self.dialect.time_sql}",
+                    (value, name, owner, self.dialect.time_arg(0)),
                 ).rowcount
                 > 0
             )

@@ -1,0 +1,114 @@
+"""What differs between the SQL of the two stores, in one place; everything else is shared.
+
+`fleet.store.sql` writes its statements once, in SQLite's syntax where the two agree and with
+`?` placeholders; a backend's connection translates placeholders (`PostgreSQL.sql`), and each
+fragment below is spelt once per dialect: building JSON, matching labels and words, no limit,
+date arithmetic, the lock a claim takes, and the clock. Upserts are `INSERT … ON CONFLICT`,
+which both accept as it is.
+
+The clock: a lease or a deadline is `time_sql` bound to `time_arg(seconds)`: on SQLite the
+host's time (one host shares the store), on PostgreSQL the database's (`now()`), so hosts whose
+clocks disagree still agree on when a lease runs out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import lru_cache
+from typing import Any, NamedTuple, Protocol
+
+from fleet.timeutil import iso
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Conn(Protocol):
+    """What the shared store needs of a connection: sqlite3's, or PostgreSQL's wrapped."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Cursor: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> Any: ...
+
+
+class Dialect(NamedTuple):  # not a dataclass: importing dataclasses costs every command ~5 ms
+    name: str
+    json_object: Callable[[Sequence[tuple[str, str]]], str]  # (key, SQL expression) pairs
+    json: Callable[[str], str]  # JSON text in a column, as a JSON value
+    empty_array: str
+    json_array_agg: Callable[[str, str], str]  # (expression, order): '[]' over no rows
+    json_each: Callable[[str], str]  # a FROM item: the elements of a JSON array, as `value`
+    like: str  # case-insensitive LIKE
+    no_limit: int | None  # a LIMIT that limits nothing
+    seconds_between: Callable[[str, str], str]  # (later, earlier) ISO times
+    skip_locked: str  # after a claim's SELECT: how concurrent claimers pass each other
+    time_sql: str  # an ISO time, `time_arg(seconds)` from now
+    time_arg: Callable[[float], Any]
+
+
+def _host_time(seconds: float) -> str:
+    return iso(time.time() + seconds)
+
+
+SQLITE = Dialect(
+    name="sqlite",
+    json_object=lambda pairs: "json_object(" + ", ".join(f"'{k}', {v}" for k, v in pairs) + ")",
+    json=lambda expr: f"json({expr})",
+    empty_array="json_array()",
+    # Ordered by how the query reads the rows (deps by its primary key: task, after).
+    json_array_agg=lambda expr, order: f"json_group_array({expr})",
+    json_each=lambda expr: f"json_each({expr})",
+    like="LIKE",  # SQLite's LIKE ignores the case of ASCII letters
+    no_limit=-1,
+    seconds_between=lambda a, b: f"(julianday({a}) - julianday({b})) * 86400.0",
+    skip_locked="",  # a write holds the whole database
+    time_sql="?",
+    time_arg=_host_time,
+)
+
+# PostgreSQL's functions take at most 100 arguments: json_build_object 50 pairs.
+_PG_MAX_PAIRS = 50
+# The ISO format of fleet.timeutil, from the database's clock (now(): the transaction's start).
+_PG_TIME = (
+    "to_char((now() AT TIME ZONE 'UTC') + ? * interval '1 second',"
+    ' \'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\')'
+)
+
+
+def _pg_json_object(pairs: Sequence[tuple[str, str]]) -> str:
+    if len(pairs) > _PG_MAX_PAIRS:
+        raise ValueError(f"json_build_object takes at most {_PG_MAX_PAIRS} pairs")
+    return "json_build_object(" + ", ".join(f"'{k}', {v}" for k, v in pairs) + ")::text"
+
+
+POSTGRES = Dialect(
+    name="postgresql",
+    json_object=_pg_json_object,
+    json=lambda expr: f"({expr})::json",
+    empty_array="'[]'::json",
+    json_array_agg=lambda expr, order: f"COALESCE(json_agg({expr} ORDER BY {order}), '[]'::json)",
+    json_each=lambda expr: f"json_array_elements_text(({expr})::json) AS e(value)",
+    like="ILIKE",
+    no_limit=None,
+    seconds_between=lambda a, b: (
+        f"extract(epoch FROM ({a})::timestamptz - ({b})::timestamptz)::double precision"
+    ),
+    skip_locked=" FOR UPDATE OF t SKIP LOCKED",
+    time_sql=_PG_TIME,
+    time_arg=lambda seconds: float(seconds),
+)
+
+
+@lru_cache(maxsize=1024)
+def pg_sql(sql: str) -> str:
+    """A statement of the shared store with psycopg's placeholders (`%s`; `%` doubled)."""
+    return sql.replace("%", "%%").replace("?", "%s")
