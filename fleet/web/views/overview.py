@@ -3,7 +3,6 @@ queue-wide actions (pause, resume)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import FleetError
@@ -50,45 +49,24 @@ async def overview(request: Request) -> Response:
 async def events(request: Request) -> Response:
     """The overview's stream: a new fragment (and the navigation's counts) each version."""
     web: Web = request.app.state.web
-    given = sse.last_id(request.headers, request.query_params.get("v"))
-    seen = int(given) if given and given.isdigit() else -1
-
-    async def stream() -> AsyncIterator[bytes]:
-        version = seen
-        while True:
-            version = await web.hub.wait(version)
-            if version < 0:
-                return
-            try:
-                now = await web.hub.shared("overview", lambda: picture(web))
-            except FleetError as e:
-                yield sse.message(str(e.message), "failed", str(version))
-                continue
-            yield sse.message(now["html"], "overview", str(version))
-            yield sse.message(now["nav"], "nav")
-
-    return sse.response(stream())
+    return sse.versions(
+        request,
+        "overview",
+        lambda: picture(web),
+        lambda now, v: (sse.message(now["html"], "overview", v), sse.message(now["nav"], "nav")),
+    )
 
 
 async def nav_events(request: Request) -> Response:
     """The navigation's counts (questions waiting, running) for every other page."""
     web: Web = request.app.state.web
-    given = sse.last_id(request.headers, request.query_params.get("v"))
-    seen = int(given) if given and given.isdigit() else -1
-
-    async def stream() -> AsyncIterator[bytes]:
-        version = seen
-        while True:
-            version = await web.hub.wait(version)
-            if version < 0:
-                return
-            try:
-                now = await web.hub.shared("overview", lambda: picture(web))
-            except FleetError:
-                continue
-            yield sse.message(now["nav"], "nav", str(version))
-
-    return sse.response(stream())
+    return sse.versions(
+        request,
+        "overview",
+        lambda: picture(web),
+        lambda now, v: (sse.message(now["nav"], "nav", v),),
+        failed=False,
+    )
 
 
 async def pause(request: Request) -> Response:

@@ -3,7 +3,6 @@ answers given here (through `questions.give`, as `fleet answer` and Telegram ans
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import FleetError, InputError
@@ -49,22 +48,13 @@ async def questions_page(request: Request) -> Response:
 
 async def events(request: Request) -> Response:
     web: Web = request.app.state.web
-    given = sse.last_id(request.headers, request.query_params.get("v"))
-    seen = int(given) if given and given.isdigit() else -1
-
-    async def stream() -> AsyncIterator[bytes]:
-        version = seen
-        while True:
-            version = await web.hub.wait(version)
-            if version < 0:
-                return
-            try:
-                now = await web.hub.shared("questions", lambda: inbox(web))
-            except FleetError:
-                continue
-            yield sse.message(now["html"], "questions", str(version))
-
-    return sse.response(stream())
+    return sse.versions(
+        request,
+        "questions",
+        lambda: inbox(web),
+        lambda now, v: (sse.message(now["html"], "questions", v),),
+        failed=False,
+    )
 
 
 def reply_of(kind: QuestionKind, form: Form, by: str) -> Reply:

@@ -105,23 +105,12 @@ async def panel_events(request: Request) -> Response:
     """The panel anew whenever the hub sees a change."""
     web: Web = request.app.state.web
     task_id = request.path_params["task_id"]
-    given = sse.last_id(request.headers, request.query_params.get("v"))
-    seen = int(given) if given and given.isdigit() else -1
-
-    async def stream() -> AsyncIterator[bytes]:
-        version = seen
-        while True:
-            version = await web.hub.wait(version)
-            if version < 0:
-                return
-            try:
-                now = await web.hub.shared(f"task:{task_id}", lambda: panel(web, task_id))
-            except FleetError as e:
-                yield sse.message(str(e.message), "failed", str(version))
-                continue
-            yield sse.message(now["html"], "panel", str(version))
-
-    return sse.response(stream())
+    return sse.versions(
+        request,
+        f"task:{task_id}",
+        lambda: panel(web, task_id),
+        lambda now, v: (sse.message(now["html"], "panel", v),),
+    )
 
 
 async def transcript_events(request: Request) -> Response:
