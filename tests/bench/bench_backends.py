@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 import sqlite3
 import traceback
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +33,7 @@ from fleet.model import TaskSpec
 from fleet.paths import resolve
 from fleet.store import open_store
 from tests.bench import bench_ls_json
+from tests.bench.bench_claim import collect, tally
 from tests.bench.common import (
     Options,
     figure,
@@ -116,24 +115,6 @@ def _claimer(env: dict[str, str], index: int, go: Any, results: Any) -> None:
         results.put(("error", index, traceback.format_exc()))
 
 
-def _collect(procs: list[Any], results: Any, n: int) -> list[Any]:
-    reports: list[Any] = []
-    deadline = perf_counter() + TIMEOUT_S
-    while len(reports) < n:
-        try:
-            what, index, data = results.get(timeout=0.2)
-        except queue.Empty:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                raise RuntimeError("a claimer died") from None
-            if perf_counter() > deadline:
-                raise RuntimeError(f"claimers silent for {TIMEOUT_S:.0f} s") from None
-            continue
-        if what == "error":
-            raise RuntimeError(f"claimer {index} failed:\n{data}")
-        reports.append(data)
-    return reports
-
-
 def claim_once(stores: Stores, backend: str, n: int, cwd: str) -> tuple[float, int, int]:
     """(seconds, double claims, lost tasks) of CLAIMERS claimers draining `n` tasks."""
     env = stores.new(backend)
@@ -146,10 +127,10 @@ def claim_once(stores: Stores, backend: str, n: int, cwd: str) -> tuple[float, i
     for p in procs:
         p.start()
     try:
-        _collect(procs, results, CLAIMERS)
+        collect(procs, results, "ready")  # every claimer has its store open
         go.set()
         start = perf_counter()
-        claimed = _collect(procs, results, CLAIMERS)
+        claimed = collect(procs, results, "done")
         seconds = perf_counter() - start
         for p in procs:
             p.join(TIMEOUT_S)
@@ -157,15 +138,13 @@ def claim_once(stores: Stores, backend: str, n: int, cwd: str) -> tuple[float, i
         for p in procs:
             if p.is_alive():
                 p.kill()
-    handed = Counter(task_id for ids in claimed for task_id in ids)
     attempts = dict(
         rows(env, "SELECT t.id, count(a.task) FROM tasks t LEFT JOIN attempts a ON a.task = t.id"
              " GROUP BY t.id")
     )  # fmt: skip
     idle = {r[0] for r in rows(env, "SELECT id FROM tasks WHERE status != 'running'")}
-    double = sum(max(attempts.get(t, 0), handed[t], 1) - 1 for t in attempts.keys() | handed)
-    lost = {t for t, k in attempts.items() if k == 0 or handed[t] == 0} | idle
-    return seconds, double, len(lost)
+    double, lost = tally(attempts, idle, [task_id for ids in claimed for task_id in ids])
+    return seconds, double, lost
 
 
 def main(opts: Options) -> None:

@@ -107,13 +107,19 @@ def check(db: Path, n: int, got: list[str]) -> tuple[int, int]:
         conn.close()
     if len(rows) != n:
         raise RuntimeError(f"the store holds {len(rows)} tasks, not {n}")
+    return tally(rows, not_running, got)
+
+
+def tally(attempts: dict[str, int], idle: set[str], got: list[str]) -> tuple[int, int]:
+    """(double claims, lost tasks) from each task's attempt rows, the tasks not running and
+    the ids the claimers were handed, as `check` counts them."""
     handed = Counter(got)
-    double = sum(max(rows.get(t, 0), handed[t], 1) - 1 for t in rows.keys() | handed.keys())
-    lost = {t for t, k in rows.items() if k == 0 or handed[t] == 0} | not_running
+    double = sum(max(attempts.get(t, 0), handed[t], 1) - 1 for t in attempts.keys() | handed)
+    lost = {t for t, k in attempts.items() if k == 0 or handed[t] == 0} | idle
     return double, len(lost)
 
 
-def _collect(procs: list[Any], results: Any, kind: str) -> list[Any]:
+def collect(procs: list[Any], results: Any, kind: str) -> list[Any]:
     """The `kind` report of every claimer, in arrival order; fails fast on an error report or
     a claimer that died without one, so a broken claimer cannot hang the benchmark."""
     reports: list[Any] = []
@@ -149,10 +155,10 @@ def run_once(tmp: Path, tag: str, n: int, claimers: int) -> Run:
     for p in procs:
         p.start()
     try:
-        _collect(procs, results, "ready")  # every claimer has its store open
+        collect(procs, results, "ready")  # every claimer has its store open
         go.set()
         start = perf_counter()
-        claimed: list[list[str]] = _collect(procs, results, "done")
+        claimed: list[list[str]] = collect(procs, results, "done")
         seconds = perf_counter() - start
         for p in procs:
             p.join(TIMEOUT_S)
