@@ -73,6 +73,7 @@ from fleet.model import (
 )
 from fleet.schedules import Schedule, ScheduleRun
 from fleet.store.coord import Coordinating
+from fleet.store.signals import Signalling
 
 Count = Literal["failure", "noclose"]
 
@@ -142,7 +143,7 @@ class Lease(NamedTuple):
     value: str | None
 
 
-class Store(Coordinating, Protocol):
+class Store(Coordinating, Signalling, Protocol):
     actor: Actor  # whom the audit trail names for this connection's changes
 
     def close(self) -> None: ...

@@ -432,6 +432,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # The task's own resource limits (fleet.limits), a JSON object of name to value; null:
     # none, its coder's and labels' and the task_* settings apply.
     ("ALTER TABLE tasks ADD COLUMN limits TEXT",),
+    (
+        # A person's request to stop a running attempt, for the host that runs it
+        # (fleet.signals): kept, so a host whose listener was down still finds it.
+        """CREATE TABLE kill_requests (
+            task TEXT NOT NULL REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            owner TEXT NOT NULL,
+            requested_by TEXT NOT NULL,
+            requested_at TEXT NOT NULL,
+            PRIMARY KEY (task, attempt)
+        ) WITHOUT ROWID""",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

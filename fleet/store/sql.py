@@ -65,6 +65,7 @@ from fleet.store.base import (
 )
 from fleet.store.coord import SQLCoordination
 from fleet.store.dialect import Conn, Dialect
+from fleet.store.signals import SQLSignals
 from fleet.timeutil import iso, now_iso
 
 DONE_ACTION = {
@@ -188,7 +189,7 @@ STAT_DIMENSIONS = {
 }
 
 
-class SQLStore(SQLCoordination):
+class SQLStore(SQLCoordination, SQLSignals):
     """The shared semantics; a backend subclass supplies `dialect`, `_write`, `_read`, `close`."""
 
     dialect: ClassVar[Dialect]
