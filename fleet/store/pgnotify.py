@@ -12,8 +12,8 @@ them in poll-only mode, and fleet-claim.timer still runs a pass every 30 s.
 The payloads, far below PostgreSQL's 8,000 bytes (ids are short and batched `BATCH_BYTES` at a
 time):
 - `ready`: work may have become startable (a task ready and unclaimed, inserted or back from
-  a claim, retry, resume or release; a task done, so tasks after it may start; a gate changed
-  or lifted). No ids: every host's dispatch pass reads the queue anyway, and identical
+  a claim, retry, resume or release; a task done, so tasks after it may start; a gate lifted
+  or shortened). No ids: every host's dispatch pass reads the queue anyway, and identical
   payloads of one transaction are delivered once, so a batch of 10,000 tasks is one `ready`;
 - `answer HOST ID...`: a question of these tasks, claimed by HOST, left `pending` (answered,
   usually from another host): HOST rings their `.question`;
@@ -92,7 +92,12 @@ MIGRATION = (
     " WHEN (NEW.status = 'ready') EXECUTE FUNCTION fleet_notify_ready()",
     "CREATE TRIGGER fleet_ready_again AFTER UPDATE OF status, claimed_by ON tasks FOR EACH ROW"
     f" WHEN ({_STARTABLE}) EXECUTE FUNCTION fleet_notify_ready()",
-    "CREATE TRIGGER fleet_gates_changed AFTER UPDATE OR DELETE ON gates FOR EACH STATEMENT"
+    "CREATE TRIGGER fleet_gate_lifted AFTER DELETE ON gates FOR EACH STATEMENT"
+    " EXECUTE FUNCTION fleet_notify_ready()",
+    # An upsert fires a statement's UPDATE triggers even when it inserts: a row trigger, for a
+    # gate that now ends sooner.
+    "CREATE TRIGGER fleet_gate_shortened AFTER UPDATE OF until ON gates FOR EACH ROW WHEN"
+    " (NEW.until IS NOT NULL AND (OLD.until IS NULL OR NEW.until < OLD.until))"
     " EXECUTE FUNCTION fleet_notify_ready()",
     "CREATE TRIGGER fleet_answered AFTER UPDATE OF status ON questions FOR EACH ROW"
     " WHEN (OLD.status = 'pending' AND NEW.status <> 'pending')"
