@@ -159,3 +159,79 @@ def test_the_triggers_notify_what_another_host_acts_on_and_only_once_committed(
         assert heard() == []  # a gate that closes makes nothing startable
         hosts.a("resume")
         assert heard() == ["ready"]
+
+
+def unit_empty(box: Sandbox, task_id: str) -> bool:
+    """The task's unit has ended and its cgroup holds no process."""
+    unit = f"fleet-task@{task_id}.service"
+    state = box.systemctl("is-active", unit, check=False).stdout.strip()
+    group = box.systemctl("show", "-p", "ControlGroup", "--value", unit).stdout.strip()
+    return state in ("inactive", "failed") and not group
+
+
+def running_on_b(hosts: Hosts, marker: str) -> str:
+    """A task added on A whose agent (a sleep named by `marker`) runs on B."""
+    task_id = hosts.add(f"sleep {marker}")
+    hosts.b.wait_running(task_id)
+    hosts.b.box.wait_for(
+        lambda: hosts.b.box.run("pgrep", "-f", f"sleep {marker}", check=False).returncode == 0,
+        what="the agent started",
+    )
+    return task_id
+
+
+def assert_killed(hosts: Hosts, task_id: str, marker: str) -> None:
+    b = hosts.b
+    assert b.wait(task_id) == 1
+    shown = b.show(task_id)
+    assert shown["status"] == "blocked" and "stopped by a person (kill-request)" in shown["reason"]
+    assert b.outcomes(task_id) == ["killed"]
+    assert b.box.run("pgrep", "-f", f"sleep {marker}", check=False).stdout == ""
+    b.box.wait_for(lambda: unit_empty(b.box, task_id), what=f"{task_id}'s cgroup empty")
+
+
+def test_a_kill_on_another_host_stops_the_agent_here(hosts: Hosts) -> None:
+    task_id = running_on_b(hosts, "7101")
+    killed = hosts.a("kill", task_id)  # blocking: returns once the attempt has ended
+    assert killed.returncode == 0 and killed.stderr == ""
+    assert hosts.b.show(task_id)["claimed_by"] is None
+    assert_killed(hosts, task_id, "7101")
+    trail = [json.loads(line) for line in hosts.a("history", task_id, "--nl").stdout.splitlines()]
+    (asked,) = [e for e in trail if e["action"] == "kill-requested"]
+    assert asked["detail"]["host"] == HOST_B
+
+
+def test_a_kill_requested_while_the_listener_is_down_is_kept_until_it_is_back(
+    hosts: Hosts,
+) -> None:
+    b = hosts.b
+    task_id = running_on_b(hosts, "7102")
+    b.box.systemctl("stop", LISTEN)
+    timed_out = hosts.a("kill", "--timeout", "1.5", task_id, check=False)
+    assert timed_out.returncode == 124, timed_out.stderr
+    first = timed_out.stderr.splitlines()[0]
+    assert first == f"fleet: error: still running after 1.5 s: {task_id} (on {HOST_B})"
+    assert b.show(task_id)["status"] == "running"
+    assert hosts.a("kill", "--no-block", task_id).returncode == 0  # asked again: still kept
+    b.box.systemctl("start", LISTEN)
+    assert_killed(hosts, task_id, "7102")
+
+
+def test_poll_only_mode_has_no_listener_and_renewals_bring_answers_and_kills(
+    hosts: Hosts,
+) -> None:
+    b = hosts.b
+    b.setup("wakeups=poll")  # lease_seconds=10: a renewal every 3.3 s
+    assert not (b.box.units / LISTEN).exists()
+    assert b.box.systemctl("is-active", LISTEN, check=False).stdout.strip() != "active"
+    assert hosts.listener_pid() is None
+    # Added on B itself: new work from another host waits for fleet-claim.timer here.
+    asking = b.add(f"{sys.executable} {AGENT} 'Poll?'")
+    q = hosts.pending(asking)
+    hosts.a("answer", q["id"], "by renewal")
+    assert b.wait(asking) == 0
+    assert "answered: by renewal" in b.show(asking)["reason"]
+    sleeping = b.add("sleep 7103")
+    b.wait_running(sleeping)
+    assert hosts.a("kill", sleeping).returncode == 0
+    assert_killed(hosts, sleeping, "7103")
