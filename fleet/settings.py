@@ -201,6 +201,17 @@ SETTINGS: tuple[Setting, ...] = (
         pattern=r"(postgres(ql)?://\S*)?",
         example="postgresql://fleet@db.example/fleet",
     ),
+    Setting(
+        "wakeups",
+        "str",
+        "listen",
+        'How a host with a PostgreSQL store hears of what another host did: "listen", by'
+        " fleet-listen.service, which holds one direct connection with LISTEN (new work starts,"
+        ' answers and kills arrive at once); "poll" where LISTEN cannot work (a PgBouncer in'
+        " transaction pooling): no listener, answers and kills arrive with the runner's next"
+        " lease renewal (every lease_seconds / 3) and new work with fleet-claim.timer (30 s).",
+        choices=("listen", "poll"),
+    ),
     Setting("max_concurrent", "int", 4, "How many tasks may run at once on this host.", 1, 1024),
     Setting(
         "default_coder",

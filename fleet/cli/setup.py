@@ -85,6 +85,10 @@ def setup(
     also fleet-web.socket and fleet-web.service). Running it again updates them; it is always
     safe.
 
+    With a PostgreSQL store and wakeups = "listen" (the default) it also installs and starts
+    fleet-listen.service, this host's one connection that hears what other hosts did (new
+    work, answers, kills); with wakeups = "poll", or a SQLite store, it removes it.
+
     The units run with the PATH of the shell that runs fleet setup (its relative entries
     left out), because a manager gives its units only a short default PATH of its own, which
     misses coders installed in ~/.local/bin or by a node version manager: run it again from a
@@ -107,7 +111,16 @@ def setup(
     read differently and a --run-as that names no account here.
     """
     from fleet import unitsyntax
-    from fleet.units import TELEGRAM, WEB_SOCKET, Install, recorded, render, search_path, unit_dir
+    from fleet.units import (
+        TELEGRAM,
+        WEB_SOCKET,
+        Install,
+        recorded,
+        render,
+        search_path,
+        unit_dir,
+        wants_listener,
+    )
 
     chosen = _scope(app, scope)
     if run_as is None and chosen == "system":
@@ -126,7 +139,8 @@ def setup(
     web = web or uninstall or (target / WEB_SOCKET).exists()
     if web and not uninstall:
         _check_web(app.config)
-    inst = Install(chosen, app.paths, _bindir(), run_as, telegram, web, search_path())
+    listen = wants_listener(app.paths, app.config) and not uninstall
+    inst = Install(chosen, app.paths, _bindir(), run_as, telegram, web, search_path(), listen)
     units = render(inst, app.config)
     if dry_run:
         for name, text in units.items():
@@ -167,16 +181,24 @@ def _check_web(config: Config) -> None:
 
 def _uninstall(scope: Scope, target: Path, units: dict[str, str]) -> None:
     from fleet import systemd
-    from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM, WEB_SERVICE, WEB_SOCKET
+    from fleet.units import (
+        CATALOG_DIR,
+        CATALOG_FILE,
+        ENABLED,
+        LISTEN,
+        TELEGRAM,
+        WEB_SERVICE,
+        WEB_SOCKET,
+    )
 
     systemd.manager_environment(scope)  # reachable, before anything is removed
     # The schedules' timers too (fleet schedule add wrote them): their service goes now.
     timers = sorted(p.name for p in target.glob("fleet-schedule@?*.timer"))
     systemd.systemctl(
-        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, *timers,
+        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, LISTEN, *timers,
         check=False,
     )  # fmt: skip
-    for name in [*units, *timers]:
+    for name in [*units, LISTEN, *timers]:
         (target / name).unlink(missing_ok=True)
     if scope == "system":
         (CATALOG_DIR / CATALOG_FILE).unlink(missing_ok=True)
@@ -193,6 +215,7 @@ def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> No
         CATALOG_DIR,
         CATALOG_FILE,
         ENABLED,
+        LISTEN,
         TELEGRAM,
         WEB_SERVICE,
         WEB_SOCKET,
@@ -226,11 +249,21 @@ def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> No
     systemd.systemctl(scope, "daemon-reload")
     systemd.systemctl(scope, "enable", "--now", *ENABLED)
     started = ""
+    if LISTEN in units:
+        # A running listener reads its store and settings only when it starts.
+        systemd.systemctl(scope, "enable", LISTEN)
+        systemd.systemctl(scope, "restart", LISTEN)
+        started = f"; {LISTEN} started"
+    elif (target / LISTEN).exists():
+        # SQLite again, or wakeups = "poll": no listener (the timer drives dispatch).
+        systemd.systemctl(scope, "disable", "--now", LISTEN, check=False)
+        (target / LISTEN).unlink(missing_ok=True)
+        systemd.systemctl(scope, "daemon-reload")
     if TELEGRAM in units:
         # A running bot picks up the new unit (and a changed credential) only on a restart.
         systemd.systemctl(scope, "enable", TELEGRAM)
         systemd.systemctl(scope, "restart", TELEGRAM)
-        started = f"; {TELEGRAM} started"
+        started += f"; {TELEGRAM} started"
     if WEB_SOCKET in units:
         # Listening anew on web_listen; a running dashboard stops with it (it Requires= the
         # socket) and the next request starts the new one.
@@ -251,7 +284,16 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     from fleet import systemd
     from fleet.config import load
     from fleet.store import open_store
-    from fleet.units import ENABLED, TELEGRAM, WEB_SOCKET, Install, recorded, render, unit_dir
+    from fleet.units import (
+        ENABLED,
+        TELEGRAM,
+        WEB_SOCKET,
+        Install,
+        recorded,
+        render,
+        unit_dir,
+        wants_listener,
+    )
 
     results: list[tuple[bool, str, str, str]] = []
     flag = " --user" if scope == "user" else ""
@@ -292,7 +334,8 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
         web = (target / WEB_SOCKET).exists()
         chosen = recorded(app.paths)
         run_as = chosen.run_as if scope == "system" else None
-        inst = Install(scope, app.paths, bindir, run_as, telegram, web, chosen.path)
+        listen = wants_listener(app.paths, config)
+        inst = Install(scope, app.paths, bindir, run_as, telegram, web, chosen.path, listen)
         for name, text in render(inst, config).items():
             path = target / name
             current = path.read_text() if path.exists() else None
