@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,6 +119,24 @@ def test_another_hosts_claim_is_recovered_only_once_its_lease_ran_out_and_its_ho
     assert recovered.detail == {"attempt": 1, "host": "h1", "by_host": "h2"}
     assert store.get(leased).claimed_by == "h1"
     assert store.orphaned_claims("h2", 300) == []
+
+
+def test_silence_and_leases_are_judged_by_the_store_clock(store: Store, project: Path) -> None:
+    """With a second of silence allowed and a half-second lease, real time decides: the claim
+    is orphaned only once the store's clock is past both."""
+    (t,) = add(store, project)
+    store.heartbeat(info("h1"), 1.0)
+    store.claim(1, "h1", 0.5, "claude", None)
+    (h1,) = store.hosts(1.0)
+    lease = store.get(t).lease_until
+    assert lease and store.orphaned_claims("h2", 1.0) == []
+    deadline = time.monotonic() + 30
+    while not store.orphaned_claims("h2", 1.0):
+        assert time.monotonic() < deadline, "never orphaned"
+        time.sleep(0.05)
+    now = parse(store.now())
+    assert now - parse(h1.last_seen) >= 0.999 and now >= parse(lease) - 0.001
+    assert not store.hosts(1.0)[0].alive
 
 
 def test_a_claim_of_a_host_that_never_heartbeat_goes_by_its_lease_plus_the_silence(
