@@ -342,3 +342,9 @@ def test_a_dispatch_pass_records_its_host_and_refuses_a_name_another_machine_hol
     doctor = fleet("doctor", "--json")
     (row,) = [r for r in json.loads(doctor.out) if r["check"] == "host"]
     assert not row["ok"] and "unique hostname" in row["fix"]
+
+
+def test_host_labels_are_labels(home: Path) -> None:
+    with pytest.raises(ConfigError, match=r"host_labels \(flag\): bad label 'two words'"):
+        load(resolve(), flags=('host_labels=["gpu", "two words"]',))
+    assert load(resolve(), flags=('host_labels=["gpu"]',)).values["host_labels"] == ["gpu"]
