@@ -348,3 +348,39 @@ def test_host_labels_are_labels(home: Path) -> None:
     with pytest.raises(ConfigError, match=r"host_labels \(flag\): bad label 'two words'"):
         load(resolve(), flags=('host_labels=["gpu", "two words"]',))
     assert load(resolve(), flags=('host_labels=["gpu"]',)).values["host_labels"] == ["gpu"]
+
+
+def test_the_migration_gives_each_task_the_host_of_its_last_attempt(
+    backend: str, home: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet.store.schema import MIGRATIONS
+    from tests.conftest import pg_store_at_version, store_at_version
+
+    # The schema just before the hosts came in (found by what it does: versions move on merge).
+    before = next(i for i, step in enumerate(MIGRATIONS) if "CREATE TABLE hosts" in step[0])
+    at = "'2026-11-30T10:00:00.000Z'"
+    inserts = (
+        "INSERT INTO tasks (id, title, cwd, created_at, updated_at, attempts) VALUES"
+        f" ('fl-aaaaaa', 'ran twice', '/', {at}, {at}, 2), ('fl-bbbbbb', 'never ran', '/', {at},"
+        f" {at}, 0)",
+        "INSERT INTO attempts (task, n, owner, started_at, ended_at, outcome) VALUES"
+        f" ('fl-aaaaaa', 1, 'old-host', {at}, {at}, 'lost'),"
+        f" ('fl-aaaaaa', 2, 'new-host', {at}, {at}, 'failure')",
+    )
+    if backend == "postgresql":
+        cluster = request.getfixturevalue("pg_cluster")
+        monkeypatch.setenv("FLEET_STORE", pg_store_at_version(cluster, before, *inserts))
+    else:
+        db = store_at_version(home, before)
+        for sql in inserts:
+            db.execute(sql)
+        db.commit()
+        db.close()
+    s = open_store(resolve())
+    try:
+        ran, never = s.get("fl-aaaaaa"), s.get("fl-bbbbbb")
+        assert (ran.host, never.host) == ("new-host", None)
+        assert ran.lost_streak == never.lost_streak == 0
+        assert s.hosts(300) == []
+    finally:
+        s.close()
