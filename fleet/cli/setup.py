@@ -18,6 +18,7 @@ from fleet.paths import Scope
 
 if TYPE_CHECKING:
     from fleet.config import Config
+    from fleet.store import Store
     from fleet.units import Install
 
 scope_options = (
@@ -323,8 +324,11 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
         return results
     try:
         store = open_store(app.paths)
-        store.close()
-        results.append((True, "store", str(app.paths.db), ""))
+        try:
+            results.append((True, "store", str(app.paths.db), ""))
+            results.append(host_check(store, config))
+        finally:
+            store.close()
     except FleetError as e:
         results.append((False, "store", e.message, e.hint or ""))
     try:
@@ -395,6 +399,31 @@ def notify_checks(app: App, config: Config, scope: Scope) -> list[tuple[bool, st
         )
     )
     return rows
+
+
+def host_check(store: Store, config: Config) -> tuple[bool, str, str, str]:
+    """This host's row among those sharing the queue: a failure if another machine holds
+    its name and is alive (each dispatch pass here is then refused)."""
+    from fleet.config import dead_after
+    from fleet.host import machine_id, owner
+    from fleet.timeutil import span
+
+    me, mine = owner(), machine_id()
+    found = [h for h in store.hosts(dead_after(config)) if h.name == me]
+    if not found:
+        return True, "host", f"{me}: not seen yet (its first dispatch pass records it)", ""
+    h = found[0]
+    seen = f"seen {span(h.silent_s)} ago"
+    if h.alive and h.machine_id and mine and h.machine_id != mine:
+        return (
+            False,
+            "host",
+            f"{me} is in use by another machine (machine id {h.machine_id}, {seen});"
+            f" this one is {mine}",
+            "give each host a unique hostname (hostnamectl set-hostname NAME)",
+        )
+    state = "alive" if h.alive else "silent"
+    return True, "host", f"{me}: {state}, {seen}, running {h.running}/{h.max_concurrent}", ""
 
 
 def worktree_checks(app: App, config: Config, fix: bool) -> list[tuple[bool, str, str, str]]:
