@@ -450,6 +450,39 @@ def agents_and_text() -> list[str]:
     return [macro("SH", "AGENTS AND TEXT"), *_joined([prose(p) for p in paragraphs], ".PP")]
 
 
+def transcripts_across_hosts() -> list[str]:
+    """What fleet ships for reading, on one host, the transcripts of tasks run on another."""
+    from fleet import journal_upload as upload
+
+    paragraphs = [
+        "Each host keeps the transcripts of the tasks it runs in its own journal. To read them"
+        " from any host, fleet relies on systemd's own tools, one way: every host runs"
+        " systemd-journal-upload, which sends its journal to one central"
+        " systemd-journal-remote (Debian package systemd-journal-remote), and `fleet logs`"
+        " on any host whose journal_dir names journal-remote's output directory reads them"
+        " there (journalctl --directory), with the same matches on the task's fields, its"
+        " attempts, -n and --follow. When journal_dir holds nothing of the task, `fleet logs`"
+        " says so and exits with status 3 instead of printing nothing.",
+        "fleet ships two things: reading journal_dir, and `fleet setup --system"
+        f" --journal-upload URL`, which writes {upload.CONF} (URL=) and a drop-in"
+        f" {upload.DROP_IN} that restarts the uploader every {upload.RESTART_SEC} s whenever"
+        " it stops (systemd 252's uploader exits when it cannot connect), then enables and"
+        " starts systemd-journal-upload.service; it goes on from its saved cursor.",
+        "fleet does not install, run or configure systemd-journal-remote, its certificates or"
+        " its retention: on the central host, `systemctl enable --now"
+        " systemd-journal-remote.socket` (port 19532, HTTPS with the keys journal-remote.conf(5)"
+        " names; for plain HTTP override ExecStart= with --listen-http=-3), and journal_dir"
+        ' = "/var/log/journal/remote" on the hosts that read it, whose users must be able to'
+        " read that directory. The uploader sends the whole journal, not fleet's units alone"
+        " (252 has no filter), and 252's journal-remote has no size limit (MaxUse= came in"
+        " 253): remove old files there yourself, for example with a timer.",
+    ]
+    return [
+        macro("SH", "TRANSCRIPTS ACROSS HOSTS"),
+        *_joined([prose(p) for p in paragraphs], ".PP"),
+    ]
+
+
 _JSON_TYPES = {
     "text": "string",
     "int": "integer",
@@ -540,6 +573,7 @@ def fleet_page() -> str:
         environment(),
         files(),
         agents_and_text(),
+        transcripts_across_hosts(),
         json_output(root),
         see_also([*pages, *((n, "1") for n in PROGRAMS), ("fleet.toml", "5"), *SYSTEMD_PAGES]),
     )

@@ -201,6 +201,17 @@ SETTINGS: tuple[Setting, ...] = (
         pattern=r"(postgres(ql)?://\S*)?",
         example="postgresql://fleet@db.example/fleet",
     ),
+    Setting(
+        "journal_dir",
+        "str",
+        "",
+        "A directory of journal files that `fleet logs` reads transcripts from instead of"
+        " this host's journal: the output directory of a central systemd-journal-remote,"
+        " which systemd-journal-upload on every host feeds (`fleet setup --journal-upload"
+        " URL`). Empty: this host's journal only.",
+        pattern=r"(/.*)?",
+        example="an absolute path, such as /var/log/journal/remote",
+    ),
     Setting("max_concurrent", "int", 4, "How many tasks may run at once on this host.", 1, 1024),
     Setting(
         "default_coder",

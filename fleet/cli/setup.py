@@ -65,6 +65,13 @@ def _bindir() -> Path:
     help="Also install fleet-web.socket and fleet-web.service, the dashboard, started on the"
     " first request to web_listen; kept by later runs without it.",
 )
+@click.option(
+    "--journal-upload",
+    metavar="URL",
+    help="With --system: have systemd-journal-upload send this host's journal (transcripts"
+    " included) to the systemd-journal-remote at URL, restarted whenever it stops; kept by"
+    " later runs without it. Read there with journal_dir.",
+)
 @click.option("-n", "--dry-run", is_flag=True, help="Print the units instead of installing them.")
 @click.option("--uninstall", is_flag=True, help="Stop, disable and remove fleet's units.")
 @pass_app
@@ -74,6 +81,7 @@ def setup(
     run_as: str | None,
     telegram: bool,
     web: bool,
+    journal_upload: str | None,
     dry_run: bool,
     uninstall: bool,
 ) -> None:
@@ -98,6 +106,12 @@ def setup(
     with USER's file-system identity, so they never leave a file USER cannot open. --run-as,
     like --telegram, is kept by later runs without it.
 
+    With --journal-upload URL (system scope) this host's systemd-journal-upload.service is
+    configured (/etc/systemd/journal-upload.conf.d/fleet.conf), enabled and restarted, so the
+    transcripts of the tasks run here reach the central systemd-journal-remote at URL, which
+    `fleet logs` reads on any host whose journal_dir is its output directory. fleet does not
+    set up journal-remote itself: see TRANSCRIPTS ACROSS HOSTS in fleet(1).
+
     Nothing is installed when the manager cannot be reached (a user manager runs only while
     the user is logged in, or lingers): the error says how to start one, or to use --system.
 
@@ -106,10 +120,18 @@ def setup(
     newline or another control character) is refused, and so are a memory limit systemd would
     read differently and a --run-as that names no account here.
     """
+    from fleet import journal_upload as upload
     from fleet import unitsyntax
     from fleet.units import TELEGRAM, WEB_SOCKET, Install, recorded, render, search_path, unit_dir
 
     chosen = _scope(app, scope)
+    if journal_upload is not None:
+        upload.check(journal_upload)
+        if chosen != "system":
+            raise InputError(
+                "--journal-upload needs --system: systemd-journal-upload is a system service",
+                hint=f"fleet setup --system --journal-upload {journal_upload}",
+            )
     if run_as is None and chosen == "system":
         run_as = recorded(app.paths).run_as  # kept, as --telegram is: never root by surprise
     elif run_as is not None:
@@ -131,10 +153,17 @@ def setup(
     if dry_run:
         for name, text in units.items():
             click.echo(f"# {target / name}\n{text}")
+        for path, text in upload.files(journal_upload).items() if journal_upload else ():
+            click.echo(f"# {path}\n{text}")
     elif uninstall:
         _uninstall(chosen, target, units)
+        if chosen == "system":
+            upload.remove()
     else:
         _install(app, inst, target, units)
+        if journal_upload is not None:
+            upload.install(journal_upload)
+            click.echo(f"{upload.SERVICE} sends this host's journal to {journal_upload}")
 
 
 def _check_telegram(config: Config) -> None:
