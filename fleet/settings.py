@@ -202,6 +202,18 @@ SETTINGS: tuple[Setting, ...] = (
         example="postgresql://fleet@db.example/fleet",
     ),
     Setting(
+        "store_passfile",
+        "str",
+        "",
+        "A libpq password file (.pgpass format: HOST:PORT:DATABASE:USER:PASSWORD, mode 0600)"
+        " for the PostgreSQL store, handed to libpq as the connection's passfile. In system"
+        " scope `fleet setup` makes it a systemd credential of every unit that opens the store"
+        " (LoadCredentialEncrypted= for a *.cred made by systemd-creds encrypt), so the file"
+        " may be root's alone. Empty: libpq's own ~/.pgpass or PGPASSFILE.",
+        pattern=r"((/|~/).*)?",
+        example="an absolute path, such as /etc/fleet/pgpass",
+    ),
+    Setting(
         "journal_dir",
         "str",
         "",

@@ -15,6 +15,7 @@ from fleet import __version__, credentials
 from fleet import unitsyntax as syntax
 from fleet.config import Config
 from fleet.paths import Paths, Scope
+from fleet.store import pgauth
 
 STAMP = f"# Installed by fleet {__version__} (fleet setup); re-run `fleet setup` after changes."
 # Every instance logs its whole transcript: far above journald's default 10,000 per 30 s.
@@ -29,6 +30,7 @@ class Install(NamedTuple):
     telegram: bool = False  # fleet-telegram.service too
     web: bool = False  # fleet-web.socket and fleet-web.service too
     path: str | None = None  # PATH of every unit; None: the manager's own
+    libpq: tuple[tuple[str, str], ...] = ()  # PG* variables of the units (fleet.store.pgauth)
 
 
 RECORD_FILE = "setup.json"
@@ -39,6 +41,7 @@ class Recorded(NamedTuple):
 
     path: str | None = None
     run_as: str | None = None
+    libpq: tuple[tuple[str, str], ...] = ()
 
 
 def record(paths: Paths, recorded: Recorded) -> None:
@@ -46,7 +49,7 @@ def record(paths: Paths, recorded: Recorded) -> None:
 
     from fleet.fsutil import write_atomic
 
-    text = json.dumps(recorded._asdict(), indent=1) + "\n"
+    text = json.dumps({**recorded._asdict(), "libpq": dict(recorded.libpq)}, indent=1) + "\n"
     write_atomic(paths.home / RECORD_FILE, text.encode())
 
 
@@ -61,9 +64,13 @@ def recorded(paths: Paths) -> Recorded:
     if not isinstance(values, dict):
         return Recorded()
     path, run_as = values.get("path"), values.get("run_as")
+    libpq = values.get("libpq")
     return Recorded(
         path if isinstance(path, str) and path else None,
         run_as if isinstance(run_as, str) and run_as else None,
+        tuple((k, v) for k, v in libpq.items() if isinstance(v, str))
+        if isinstance(libpq, dict)
+        else (),
     )
 
 
@@ -90,9 +97,17 @@ def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
     return root.expanduser() / "systemd" / "user"
 
 
-def _environment(inst: Install) -> str:
+def _environment(inst: Install, config: Config) -> str:
+    """The environment of a unit that opens the store: FLEET_HOME, the scope, the recorded
+    PATH and libpq variables, and in system scope the store's password file as a credential
+    (fleet.store.pgauth), which follows on a line of its own."""
     search = {"PATH": inst.path} if inst.path else {}
-    return syntax.environment(FLEET_HOME=str(inst.paths.home), FLEET_SCOPE=inst.scope, **search)
+    line = syntax.environment(
+        FLEET_HOME=str(inst.paths.home), FLEET_SCOPE=inst.scope, **search, **dict(inst.libpq)
+    )
+    if inst.scope != "system":
+        return line
+    return "\n".join([line, *pgauth.unit_lines(config.values)])
 
 
 def _program(inst: Install, name: str) -> str:
@@ -127,7 +142,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "[Service]",
             "Type=notify",
             "NotifyAccess=main",
-            _environment(inst),
+            _environment(inst, config),
             *user,
             *(credentials.unit_lines(config.values) if inst.scope == "system" else []),
             f"ExecStart={_program(inst, 'fleet-run')} %i",
@@ -162,7 +177,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "",
             "[Service]",
             "Type=oneshot",
-            _environment(inst),
+            _environment(inst, config),
             *user,
             f"ExecStart={_program(inst, 'fleet')} schedule fire %i",
         ],
@@ -184,7 +199,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "",
             "[Service]",
             "Type=oneshot",
-            _environment(inst),
+            _environment(inst, config),
             # Root even with --run-as: only root starts system units without asking polkit.
             # It uses the state directory as its owner (fleet.runas).
             f"ExecStart={_program(inst, 'fleet-claim')} --quiet",
@@ -271,7 +286,7 @@ def _telegram(inst: Install, config: Config, user: list[str], target: str) -> li
         "[Service]",
         "Type=notify",
         "NotifyAccess=main",
-        _environment(inst),
+        _environment(inst, config),
         *user,
         *credential,
         f"ExecStart={_program(inst, 'fleet-telegram')}",
@@ -327,7 +342,7 @@ def _web(inst: Install, config: Config, user: list[str]) -> dict[str, list[str]]
             "[Service]",
             "Type=notify",
             "NotifyAccess=main",
-            _environment(inst),
+            _environment(inst, config),
             *user,
             f"ExecStart={_program(inst, 'fleet')} web",
             "Restart=on-failure",

@@ -96,7 +96,11 @@ def setup(
     The units run with the PATH of the shell that runs fleet setup (its relative entries
     left out), because a manager gives its units only a short default PATH of its own, which
     misses coders installed in ~/.local/bin or by a node version manager: run it again from a
-    shell whose PATH finds the coders after installing or moving one.
+    shell whose PATH finds the coders after installing or moving one. They get the libpq
+    variables of that shell too (PGPASSFILE, PGSERVICEFILE, PGSSLMODE and every other PG*
+    but PGPASSWORD, which a unit would show to every user), so that the units reach a
+    PostgreSQL store as the shell does; in system scope the store_passfile setting becomes a
+    systemd credential of every unit that opens the store.
 
     With --run-as USER the agents (fleet-task@.service, and the bot and the dashboard) run as
     USER, and the state directory (and /etc/fleet, when the configuration is there) is handed
@@ -122,6 +126,7 @@ def setup(
     """
     from fleet import journal_upload as upload
     from fleet import unitsyntax
+    from fleet.store.pgauth import libpq_environment
     from fleet.units import TELEGRAM, WEB_SOCKET, Install, recorded, render, search_path, unit_dir
 
     chosen = _scope(app, scope)
@@ -148,7 +153,16 @@ def setup(
     web = web or uninstall or (target / WEB_SOCKET).exists()
     if web and not uninstall:
         _check_web(app.config)
-    inst = Install(chosen, app.paths, _bindir(), run_as, telegram, web, search_path())
+    inst = Install(
+        chosen,
+        app.paths,
+        _bindir(),
+        run_as,
+        telegram,
+        web,
+        search_path(),
+        tuple(libpq_environment().items()),
+    )
     units = render(inst, app.config)
     if dry_run:
         for name, text in units.items():
@@ -237,7 +251,7 @@ def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> No
     ensure_dir(wake_dir(app.paths))  # fleet-claim.path watches it
     write_atomic(app.paths.home / systemd.SCOPE_FILE, f"{scope}\n".encode())
     run_as = inst.run_as if scope == "system" else None
-    record(app.paths, Recorded(inst.path, run_as))
+    record(app.paths, Recorded(inst.path, run_as, inst.libpq))
     if run_as:
         # After all this run writes there (the configuration's cache too), and before any
         # unit starts: what the dispatcher creates from now on is theirs too (fleet.runas).
@@ -321,7 +335,7 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
         web = (target / WEB_SOCKET).exists()
         chosen = recorded(app.paths)
         run_as = chosen.run_as if scope == "system" else None
-        inst = Install(scope, app.paths, bindir, run_as, telegram, web, chosen.path)
+        inst = Install(scope, app.paths, bindir, run_as, telegram, web, chosen.path, chosen.libpq)
         for name, text in render(inst, config).items():
             path = target / name
             current = path.read_text() if path.exists() else None

@@ -147,9 +147,14 @@ class PGStore(SQLStore):
                 **extra,
             )
         except psycopg.Error as e:
+            text = cls._scrub(e, secret)
+            refused = "password" in text and ("authentication failed" in text or "no " in text)
             raise StoreError(
-                f"cannot reach the task store at {where}: {cls._scrub(e, secret)}",
-                hint="check that PostgreSQL runs there and accepts this host, and the store"
+                f"cannot reach the task store at {where}: {text}",
+                hint="check the password libpq finds for it: ~/.pgpass, PGPASSFILE, the"
+                " store_passfile setting or the service file"
+                if refused
+                else "check that PostgreSQL runs there and accepts this host, and the store"
                 " setting (FLEET_STORE)",
             ) from None
         conn.adapters.register_loader("numeric", _Number)
