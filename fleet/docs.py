@@ -483,6 +483,32 @@ def transcripts_across_hosts() -> list[str]:
     ]
 
 
+def store_credentials() -> list[str]:
+    """How the processes of fleet reach a PostgreSQL store's password, and where it never goes."""
+    paragraphs = [
+        "A PostgreSQL store is reached the way psql reaches it: the store URL and libpq's own"
+        " conventions, passed through untouched: ~/.pgpass or PGPASSFILE, a service file"
+        " (postgresql://?service=NAME with PGSERVICEFILE), sslmode and the other PG*"
+        " variables. A password written into the URL works too, but is shown as *** by"
+        " `fleet config`, masked in what an agent prints (agents inherit FLEET_STORE), and"
+        " left out of every error, which names the database by host, port and name.",
+        "Units do not inherit the environment of a shell: `fleet setup` writes the PG*"
+        " variables of the shell it runs in into every unit, except PGPASSWORD, which any user"
+        " could read there (`systemctl show`); run it again after changing them. The"
+        " store_passfile setting names a password file that fleet hands to libpq; in system"
+        " scope every unit that opens the store gets it as the systemd credential"
+        " fleet.store.pgpass (LoadCredential=, or LoadCredentialEncrypted= for a *.cred file"
+        " that `systemd-creds encrypt --name=fleet.store.pgpass` made, which only units can"
+        " open: the person's own commands then use their ~/.pgpass or PGPASSFILE).",
+        "When the database cannot be reached, every command and program says so in one line"
+        " naming the host and port it tried, with a hint, and exits with status 6.",
+    ]
+    return [
+        macro("SH", "THE POSTGRESQL STORE'S PASSWORD"),
+        *_joined([prose(p) for p in paragraphs], ".PP"),
+    ]
+
+
 _JSON_TYPES = {
     "text": "string",
     "int": "integer",
@@ -574,6 +600,7 @@ def fleet_page() -> str:
         files(),
         agents_and_text(),
         transcripts_across_hosts(),
+        store_credentials(),
         json_output(root),
         see_also([*pages, *((n, "1") for n in PROGRAMS), ("fleet.toml", "5"), *SYSTEMD_PAGES]),
     )

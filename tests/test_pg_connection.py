@@ -20,8 +20,11 @@ from typing import Any
 
 import pytest
 
+from tests import sandbox
 from tests.conftest import fleet_exe, run_fleet
 from tests.pg import SUPERUSER, bin_dir
+
+sandbox_factory = sandbox.sandbox_factory
 
 WAYS = ("url", "pgpass", "pgpassfile", "store_passfile", "service")
 
@@ -219,3 +222,70 @@ def test_a_stopped_cluster_is_one_line_naming_its_socket(
             assert "No such file or directory" in lines[0]
     finally:
         cluster.stop()
+
+
+def test_system_units_read_the_password_file_from_an_encrypted_credential(
+    pg_cluster: Any, role: Role, sandbox_factory: Any, tmp_path: Path
+) -> None:
+    """In system scope the password file reaches every unit that opens the store as a systemd
+    credential. Encrypted with the sandbox's host key, only the units can open it: a task that
+    is claimed, run and reaped proves fleet-claim, fleet-run and fleet-reap all read it."""
+    from tests.sandbox import PATH
+    from tests.test_journal import CLOSE, replay
+
+    # A /var/lib/systemd on disk: systemd-creds keeps no host key on a tmpfs.
+    (tmp_path / "state").mkdir()
+    box = sandbox_factory(state=tmp_path / "state")
+    plain = tmp_path / "pgpass"
+    plain.write_text(f"*:*:{role.database}:{role.name}:{role.password}\n")
+    plain.chmod(0o600)
+    sealed = tmp_path / "pgpass.cred"
+    box.run("systemd-creds", "encrypt", "--name=fleet.store.pgpass", str(plain), str(sealed))
+    home = tmp_path / "fleet-home"
+    unit_env = {"FLEET_HOME": str(home)}
+    # The person's own commands find the password in their PGPASSFILE; the units get none of
+    # it (fleet setup runs without it), only the credential.
+    person = {**unit_env, "PGPASSFILE": str(plain), "PATH": PATH}
+    fleet = fleet_exe()
+    box.run(fleet, "config", "set", f"store={role.url}", env=unit_env)
+    box.run(fleet, "config", "set", f"store_passfile={sealed}", env=unit_env)
+    box.run(fleet, "config", "set", "default_coder=replay", env=unit_env)
+    outputs = [box.run(fleet, "setup", "--system", env=unit_env).stdout]
+    unit = box.run("cat", "/etc/systemd/system/fleet-task@.service").stdout
+    claim = box.run("cat", "/etc/systemd/system/fleet-claim.service").stdout
+    for text in (unit, claim):
+        assert f"LoadCredentialEncrypted=fleet.store.pgpass:{sealed}\n" in text
+        assert "PGPASSFILE" not in text
+
+    project = tmp_path / "project"
+    project.mkdir()
+    name = replay(project / "s.jsonl", {"event": "text", "text": "ran with the credential"}, CLOSE)
+    task_id = box.run(fleet, "add", "t", "--cwd", str(project), "-d", name, env=person).stdout
+    task_id = task_id.strip()
+
+    def done() -> bool:
+        shown = json.loads(box.run(fleet, "show", task_id, "--json", env=person).stdout)
+        return bool(shown["status"] == "done" and shown["claimed_by"] is None)
+
+    box.wait_for(done, 60, f"{task_id} to be claimed, run and reaped by the units")
+    outputs.append(box.run(fleet, "logs", task_id, env=person).stdout)
+    assert "ran with the credential" in outputs[-1]
+    journal = box.run("journalctl", "-o", "json", "--all", "--no-pager").stdout
+    assert task_id in journal
+    for text in [*outputs, journal, unit, claim, dump(role.database, role.socket_dir)]:
+        assert role.password not in text
+
+    # Without store_passfile, the units find the password where the shell running fleet setup
+    # found it: its PGPASSFILE, recorded in the units (its PGPASSWORD never is).
+    box.run(fleet, "config", "unset", "store_passfile", env=unit_env)
+    shell = {**person, "PGPASSWORD": "not-" + role.password, "PGCONNECT_TIMEOUT": "7"}
+    box.run(fleet, "setup", "--system", env=shell)
+    unit = box.run("cat", "/etc/systemd/system/fleet-task@.service").stdout
+    assert "LoadCredential" not in unit
+    [environment] = [line for line in unit.splitlines() if line.startswith("Environment=")]
+    assert f"PGPASSFILE={plain}" in environment and "PGCONNECT_TIMEOUT=7" in environment
+    assert "PGPASSWORD" not in unit
+    name = replay(project / "t.jsonl", {"event": "text", "text": "ran with PGPASSFILE"}, CLOSE)
+    task_id = box.run(fleet, "add", "t", "--cwd", str(project), "-d", name, env=person).stdout
+    task_id = task_id.strip()
+    box.wait_for(done, 60, f"{task_id} to be run by units that have PGPASSFILE")
