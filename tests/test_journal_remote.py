@@ -13,6 +13,7 @@ import os
 import selectors
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,6 +90,8 @@ def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Remote]:
 @pytest.fixture(scope="module")
 def fleet(systemd: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     base = tmp_path_factory.mktemp("host-a")
+    # Its own name, as another machine has (the sandbox's UTS namespace is its own).
+    systemd.run("hostname", "host-a")
     installed = Fleet(systemd, base / "home", base)
     installed("config", "set", "default_coder=replay")
     installed("setup", "--system")
@@ -103,6 +106,23 @@ def elsewhere(
     if journal_dir is not None:
         env["FLEET_JOURNAL_DIR"] = str(journal_dir)
     return sandbox.run([FLEET, *args], env=env, check=check)
+
+
+def dashboard_backlog(fleet: Fleet, task_id: str, journal_dir: Path) -> list[dict[str, object]]:
+    """What the dashboard's task panel shows first, from a dashboard on another host."""
+    code = (
+        "import json, sys\n"
+        "from fleet.paths import resolve\n"
+        "from fleet.web.transcript import backlog\n"
+        "records, _, _ = backlog(resolve(), sys.argv[1])\n"
+        "for r in records:\n"
+        "    r.pop('cursor', None)\n"
+        "    print(json.dumps(r, ensure_ascii=False))\n"
+    )
+    env = {"PATH": PATH, "LANG": "C.UTF-8", "FLEET_HOME": str(fleet.home)}
+    env["FLEET_JOURNAL_DIR"] = str(journal_dir)
+    out = sandbox.run([sys.executable, "-c", code, task_id], env=env).stdout
+    return [json.loads(line) for line in out.splitlines()]
 
 
 def upload_once(box: Sandbox, remote: Remote) -> None:
@@ -151,6 +171,9 @@ def test_fleet_logs_on_another_host_reads_the_uploaded_transcript(
     records = [json.loads(line) for line in there.stdout.splitlines()]
     assert [r["message"] for r in records if r["event"] == "tool_call"] == ["→ Bash: make test"]
     assert {r["attempt"] for r in records if "attempt" in r} == {1}
+    # The dashboard's task panel reads the same files.
+    panel = dashboard_backlog(fleet, task_id, remote.output)
+    assert [json.dumps(r, ensure_ascii=False) for r in panel] == here
     # The task's matches work against the remote files too: an attempt, the last lines.
     assert (
         elsewhere(
@@ -174,7 +197,8 @@ def test_fleet_logs_says_when_journal_dir_has_nothing_for_the_task(
     assert done.stdout == ""
     lines = done.stderr.splitlines()
     assert lines[0] == (
-        f"fleet: error: journal_dir {remote.output} holds no entries of task {task_id}"
+        f"fleet: error: journal_dir {remote.output} holds no entries of task {task_id},"
+        " which ran on host-a"
     ), done.stderr
     assert lines[1].startswith("fleet: hint: the host that ran it uploads its journal")
     assert len(lines) == 2

@@ -247,15 +247,36 @@ def logs(
     for rec in collections.deque(both, maxlen=lines) if lines is not None and by_hand else both:
         printer(rec, "file" if str(rec.get("cursor")).startswith(eventlog.CURSOR) else "journal")
         printed += 1
-    if remote and not printed and lines != 0 and cursor_file is None:
-        # Silence here would read as "the task printed nothing", when most often the host
-        # that ran it has not uploaded its journal (yet).
-        which = f"attempt {attempt} of task {task_id}" if attempt else f"task {task_id}"
+    if not printed and lines != 0 and cursor_file is None:
+        _nothing(app, task_id, attempt, remote)
+
+
+def _nothing(app: App, task_id: str, attempt: int | None, remote: str) -> None:
+    """Nothing to print: an error when the transcript is elsewhere, not an empty one.
+
+    Silence would read as "the task printed nothing", when most often the task ran on another
+    host, whose journal this one cannot read, or that host has not uploaded it (yet)."""
+    from fleet import host
+
+    which = f"attempt {attempt} of task {task_id}" if attempt else f"task {task_id}"
+    try:
+        ran_on = app.store.get(task_id).host
+    except FleetError:
+        ran_on = None  # what the store cannot say changes only the message
+    if remote:
         raise NotFound(
-            f"journal_dir {remote} holds no entries of {which}",
+            f"journal_dir {remote} holds no entries of {which}"
+            + (f", which ran on {ran_on}" if ran_on else ""),
             hint="the host that ran it uploads its journal with systemd-journal-upload"
             " (fleet setup --journal-upload URL); `systemctl status systemd-journal-upload`"
             " there says whether it runs",
+        )
+    if ran_on and ran_on != host.owner():
+        raise NotFound(
+            f"this host's journal holds no entries of {which}: it ran on {ran_on}",
+            hint=f"run fleet logs on {ran_on}, or set journal_dir to the directory where a"
+            " central systemd-journal-remote keeps every host's journal (TRANSCRIPTS ACROSS"
+            " HOSTS in fleet(1))",
         )
 
 
