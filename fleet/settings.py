@@ -107,7 +107,8 @@ class Setting(NamedTuple):
                 entry(key, price, where)
         if self.pattern and not re.fullmatch(self.pattern, value):
             raise ConfigError(
-                f"{where}: {self.name} must look like {self.example or self.pattern}, not {value!r}"
+                f"{where}: {self.name} must look like {self.example or self.pattern},"
+                f" not {shown(self.name, value)!r}"
             )
         if self.kind == "int":
             if self.minimum is not None and value < self.minimum:

@@ -289,3 +289,43 @@ def test_system_units_read_the_password_file_from_an_encrypted_credential(
     task_id = box.run(fleet, "add", "t", "--cwd", str(project), "-d", name, env=person).stdout
     task_id = task_id.strip()
     box.wait_for(done, 60, f"{task_id} to be run by units that have PGPASSFILE")
+
+
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [
+        (
+            "postgresql://u:se%zz-pw-1@127.0.0.1:5999/db",
+            "fleet: error: the store setting is not a valid PostgreSQL connection URL: invalid"
+            ' percent-encoded token: "***"',
+        ),
+        (
+            "postgresql://u:pw-secret-2@[::1/db",
+            "fleet: error: the store setting is not a valid PostgreSQL connection URL: end of"
+            ' string reached when looking for matching "]" in IPv6 host address in URI:'
+            ' "postgresql://u:***@[::1/db"',
+        ),
+        (
+            "mysql://u:pw-secret-3@db.example/fleet",
+            "fleet: error: the store setting 'mysql://u:***@db.example/fleet' is neither empty"
+            " nor a PostgreSQL URL",
+        ),
+    ],
+)
+def test_a_url_libpq_cannot_read_is_quoted_without_its_password(
+    url: str, error: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_STORE", url)
+    result = run_fleet("ls", cwd=project)
+    assert result.code == 6
+    assert result.err.splitlines()[0] == error
+    assert "pw-" not in result.err
+
+
+def test_a_refused_store_setting_is_quoted_without_its_password(project: Path) -> None:
+    result = run_fleet("config", "set", "store=postgresql://u:pw-secret-4@h/a b", cwd=project)
+    assert result.code == 5
+    assert result.err.splitlines()[0] == (
+        "fleet: error: store: store must look like postgresql://fleet@db.example/fleet,"
+        " not 'postgresql://u:***@h/a b'"
+    )

@@ -63,6 +63,16 @@ def open_store(paths: Paths, actor: Actor | None = None, url: str | None = None)
 
         passfile = pgauth.passfile(os.path.expanduser(_setting(paths, "store_passfile")))
         return PGStore.connect(pgauth.with_passfile(url, passfile), paths, actor)
+    if url:
+        # Not SQLite by surprise: a host that took this for SQLite would run a queue of its own.
+        from fleet.errors import StoreError
+        from fleet.settings import shown
+
+        raise StoreError(
+            f"the store setting {shown('store', url)!r} is neither empty nor a PostgreSQL URL",
+            hint="postgresql://USER@HOST:PORT/DATABASE, or empty for SQLite in the state"
+            " directory (FLEET_STORE, or store in the configuration file)",
+        )
     from fleet.store.litestore import SQLiteStore
 
     return SQLiteStore.open(paths, actor)

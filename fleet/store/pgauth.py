@@ -21,6 +21,7 @@ Invariant: no password passes through fleet's code: fleet handles paths, libpq r
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -76,17 +77,26 @@ def with_passfile(url: str, path: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}passfile={quote(path, safe='/')}"
 
 
-def url_passwords(url: str) -> list[str]:
-    """The passwords a store URL holds (user:PASSWORD@, ?password=), for the runner's
-    redactor: an agent inherits FLEET_STORE, and whatever it prints of it is masked."""
-    from urllib.parse import parse_qs, unquote, urlsplit
+# user:PASSWORD@ in the authority, and password=PASSWORD among the parameters, as written.
+_IN_URL = re.compile(r"://[^/?#@]*?:([^/?#]*)@|[?&]password=([^&#]*)")
 
-    if not url.startswith(("postgresql://", "postgres://")):
-        return []
-    try:
-        parts = urlsplit(url)
-        found = [unquote(parts.password)] if parts.password else []
-    except ValueError:
-        return []
-    found += parse_qs(parts.query).get("password", [])
-    return [p for p in found if p]
+
+def url_passwords(url: str) -> list[str]:
+    """The passwords a store URL holds (user:PASSWORD@, ?password=), as written and decoded,
+    longest first: for the runner's redactor (an agent inherits FLEET_STORE, and whatever it
+    prints of it is masked) and for errors that quote the URL, even one libpq cannot parse."""
+    from urllib.parse import unquote
+
+    found = set()
+    for match in _IN_URL.finditer(url):
+        raw = match[1] if match[1] is not None else match[2]
+        if raw:
+            found |= {raw, unquote(raw)}
+    return sorted(found, key=len, reverse=True)
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` with every password of `url` replaced by ***."""
+    for password in url_passwords(url):
+        text = text.replace(password, "***")
+    return text

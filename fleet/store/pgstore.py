@@ -102,8 +102,11 @@ def describe(url: str) -> tuple[str, str | None]:
     try:
         info = conninfo_to_dict(url)
     except psycopg.ProgrammingError as e:
+        from fleet.store.pgauth import scrub
+
         raise StoreError(
-            "the store setting is not a valid PostgreSQL connection URL: " + _first_line(str(e)),
+            "the store setting is not a valid PostgreSQL connection URL: "
+            + scrub(_first_line(str(e)), url),
             hint="it looks like postgresql://USER@HOST:PORT/DATABASE",
         ) from None
     host = str(info.get("host") or os.environ.get("PGHOST") or "the local socket")
