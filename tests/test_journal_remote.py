@@ -288,9 +288,26 @@ def test_setup_journal_upload_streams_a_running_task_to_fleet_logs_follow(
     assert in_central(remote, task_id, "FLEET_EVENT=text") == 200  # nothing sent twice
     assert "later" in elsewhere(fleet, "logs", second, journal_dir=remote.output).stdout
 
+    # Uninstalled with fleet's units: the uploader stops, and both files go.
+    fleet("setup", "--system", "--uninstall")
+    state = fleet.box.systemctl("is-active", "systemd-journal-upload.service", check=False)
+    assert state.stdout.strip() == "inactive"
+    for path in (
+        "/etc/systemd/journal-upload.conf.d/fleet.conf",
+        "/etc/systemd/system/systemd-journal-upload.service.d/fleet.conf",
+    ):
+        assert fleet.box.run("test", "-e", path, check=False).returncode == 1, path
+
 
 def test_journal_upload_needs_system_scope_and_a_url(tmp_path: Path) -> None:
     env = {"PATH": PATH, "LANG": "C.UTF-8", "FLEET_HOME": str(tmp_path / "home")}
+    shown = sandbox.run(
+        [FLEET, "setup", "--system", "--dry-run", "--journal-upload", "https://central:19532"],
+        env=env,
+    ).stdout
+    assert "# /etc/systemd/journal-upload.conf.d/fleet.conf\n" in shown
+    assert "[Upload]\nURL=https://central:19532\n" in shown
+    assert "[Service]\nRestart=always\nRestartSec=10s\n" in shown
     user = sandbox.run(
         [FLEET, "setup", "--user", "--journal-upload", "http://central:19532"], env=env, check=False
     )
@@ -303,4 +320,4 @@ def test_journal_upload_needs_system_scope_and_a_url(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert "is not the URL of a systemd-journal-remote" in bad.stderr.splitlines()[0]
-    assert not (tmp_path / "home").exists()  # nothing was set up
+    assert not (tmp_path / "home" / "setup.json").exists()  # nothing was set up
