@@ -126,6 +126,10 @@ def test_the_password_reaches_libpq_and_nothing_else(
     ok("config", "show")
     ok("config", "get", "store")
     ok("status")
+    report = run_fleet("doctor", "--json", cwd=project)  # fails on systemd here, not the store
+    outputs.extend([report.out, report.err])
+    [store] = [r for r in json.loads(report.out) if r["check"] == "store"]
+    assert store["ok"] and store["detail"].startswith("postgresql://"), store
 
     for text in outputs:
         assert role.password not in text

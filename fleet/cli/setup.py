@@ -293,7 +293,8 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     safely is (worktrees left behind)."""
     from fleet import systemd
     from fleet.config import load
-    from fleet.store import open_store
+    from fleet.settings import shown
+    from fleet.store import open_store, store_url
     from fleet.units import ENABLED, TELEGRAM, WEB_SOCKET, Install, recorded, render, unit_dir
 
     results: list[tuple[bool, str, str, str]] = []
@@ -325,7 +326,9 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     try:
         store = open_store(app.paths)
         store.close()
-        results.append((True, "store", str(app.paths.db), ""))
+        url = store_url(app.paths)
+        # A PostgreSQL store by its URL, its password masked (fleet.settings.shown).
+        results.append((True, "store", shown("store", url) if url else str(app.paths.db), ""))
     except FleetError as e:
         results.append((False, "store", e.message, e.hint or ""))
     try:
