@@ -203,6 +203,16 @@ def test_fleet_logs_says_when_journal_dir_has_nothing_for_the_task(
     assert lines[1].startswith("fleet: hint: the host that ran it uploads its journal")
     assert len(lines) == 2
 
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args in (("logs", task_id), ("logs", "-f", task_id)):
+        done = elsewhere(fleet, *args, journal_dir=empty, check=False)
+        assert done.returncode == 3, done
+        assert done.stderr.splitlines()[0] == (
+            f"fleet: error: journal_dir {empty} holds no journal files: no host has uploaded"
+            " to it yet"
+        )
+
     missing = tmp_path / "nowhere"
     done = elsewhere(fleet, "logs", task_id, journal_dir=missing, check=False)
     assert done.returncode == 5, done

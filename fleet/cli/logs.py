@@ -295,6 +295,14 @@ def _check_journal_dir(remote: str) -> None:
             hint="journal-remote's files belong to systemd-journal-remote: join its group"
             " (or systemd-journal), or run fleet logs as root",
         )
+    # journalctl --follow on a directory without journal files exits at once, as if the
+    # transcript had ended: say what is missing instead.
+    if not any(Path(remote).glob("*.journal*")):
+        raise NotFound(
+            f"journal_dir {remote} holds no journal files: no host has uploaded to it yet",
+            hint="fleet setup --system --journal-upload URL on each host, URL naming the"
+            " systemd-journal-remote that writes there",
+        )
 
 
 def _follow(
