@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -333,3 +334,34 @@ def test_a_refused_store_setting_is_quoted_without_its_password(project: Path) -
         "fleet: error: store: store must look like postgresql://fleet@db.example/fleet,"
         " not 'postgresql://u:***@h/a b'"
     )
+
+
+@pytest.mark.parametrize("where", ["url", "environment"])
+def test_libpq_parameters_reach_libpq_from_the_url_or_its_variables(
+    where: str, role: Role, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sslmode and options, in the URL or as PGSSLMODE and PGOPTIONS, get to libpq as they are:
+    a value libpq refuses is refused by it (a Unix socket never uses TLS, so a valid sslmode
+    would prove nothing here), and read-only sessions refuse fleet's writes."""
+    monkeypatch.setenv("PGPASSWORD", role.password)  # libpq's own variable, passed through
+
+    def use(**parameters: str) -> None:
+        if where == "url":
+            query = "".join(f"&{k}={quote(v)}" for k, v in parameters.items())
+            monkeypatch.setenv("FLEET_STORE", role.url + query)
+        else:
+            monkeypatch.setenv("FLEET_STORE", role.url)
+            for key, value in parameters.items():
+                monkeypatch.setenv("PG" + key.upper(), value)
+
+    use(sslmode="disable")
+    assert run_fleet("ls", cwd=project).code == 0  # and the schema is in place
+    use(sslmode="bogus")
+    result = run_fleet("ls", cwd=project)
+    assert result.code == 6
+    assert 'invalid sslmode value: "bogus"' in result.err.splitlines()[0], result.err
+    use(sslmode="disable", options="-c default_transaction_read_only=on")
+    assert run_fleet("ls", cwd=project).code == 0  # reads work
+    added = run_fleet("add", "t", "-d", "x", cwd=project)
+    assert added.code == 6
+    assert "read-only transaction" in added.err.splitlines()[0], added.err
