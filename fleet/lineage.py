@@ -59,6 +59,9 @@ def subtask(
         base=(parent.branch or parent.base) if parent.isolated else None,
         merge=parent.merge if parent.isolated else None,
         parent_waits=waits,
+        # It works in the same directory: on the same host, with the labels that needs.
+        host=parent.host,
+        needs=parent.needs,
     )
 
 
@@ -103,6 +106,8 @@ def handoff(
         max_cost_usd=task.max_cost_usd,
         max_tokens=task.max_tokens,
         limits=task.limits,
+        host=task.host,
+        needs=task.needs,
     )
     return store.handoff(task_id, successor, context)
 

@@ -177,6 +177,12 @@ TASK_FIELDS: tuple[Field, ...] = (
         "the task's own resource limits (fleet.toml(5), coders.NAME.limits: name to value), over"
         " its coder's and its labels'; null: none of its own",
     ),
+    Field("host", "text", "the only host that may run the task (`uname -n`), or null for any"),
+    Field(
+        "needs",
+        "list",
+        "labels a host must advertise (its host_labels setting) to run the task; [] for none",
+    ),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -255,6 +261,8 @@ class Task(NamedTuple):
     max_tokens: int | None
     sandbox: str | None
     limits: dict[str, str] | None
+    host: str | None
+    needs: tuple[str, ...]
 
     @property
     def isolated(self) -> bool:
@@ -386,6 +394,8 @@ class TaskSpec(NamedTuple):
     max_tokens: int | None = None
     sandbox: str | None = None  # none, standard, strict; None: the coder's or the setting
     limits: dict[str, str] | None = None  # checked by fleet.limits; None: none of its own
+    host: str | None = None  # the only host that may run it (fleet.affinity); None: any
+    needs: tuple[str, ...] = ()  # labels its host must have
 
 
 class TaskEdit(NamedTuple):
@@ -406,6 +416,9 @@ class TaskEdit(NamedTuple):
     max_cost_usd: float | None = None
     max_tokens: int | None = None
     limits: dict[str, str] | None = None  # merged into the task's own; "" removes a name
+    host: str | None = None  # the only host that may run it; clear `host` for any host
+    add_needs: tuple[str, ...] = ()
+    remove_needs: tuple[str, ...] = ()
 
     @property
     def touches_run(self) -> bool:

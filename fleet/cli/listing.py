@@ -212,26 +212,32 @@ def ls(
 @output_options
 @pass_app
 def ready(app: App, limit: int | None, fmt: str | None) -> None:
-    """List the tasks that would be claimed next, in claim order, then those a gate holds.
+    """List the tasks this host would claim next, in claim order, then those a gate holds.
 
     Claim order is priority (0 first), then age; a task whose dependencies are not all done is
     not ready. A ready task that the pause holds, or whose coder is rate-limited or over its
     daily budget, is not next: it follows the others as held, with the reason (`held: claude
     rate-limited until 14:05`); with --json each object has `held`, that reason or null.
+    Tasks for another host, needing a label this host lacks (host_labels) or whose directory
+    it lacks are not listed.
     """
+    from fleet.affinity import host_labels
+    from fleet.host import owner
+
     out = fmt_of(fmt)
     if limit is None and out == "table":
         limit = TABLE_LIMIT
     gates = app.store.gates()
     gated = tuple(g[6:] for g in gates if g.startswith("coder:"))
+    here = (owner(), host_labels(app.config.values["host_labels"]))
     if "pause" in gates or not gated:
-        order = app.store.ready(limit)  # all held, or none
+        order = app.store.ready(limit, here=here)  # all held, or none
     else:
         default = app.config.get_str("default_coder")
-        order = app.store.ready(limit, gated, default, among=False)
+        order = app.store.ready(limit, gated, default, among=False, here=here)
         if limit is None or len(order) < limit:
             rest = None if limit is None else limit - len(order)
-            order += app.store.ready(rest, gated, default)
+            order += app.store.ready(rest, gated, default, here=here)
     holds = held(app, order)
     if out == "table":
         _table(app, order)
@@ -283,6 +289,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
     by_model = app.store.attempt_usage(task_id)
     if as_json:
         obj: dict[str, Any] = task.to_json()
+        obj["cwd_missing_on"] = [{"host": h, "since": t} for h, t in app.store.missing_on(task_id)]
         obj["attempt_log"] = [{**a.to_json(), "usage": by_model.get(a.n, [])} for a in attempts]
         emit_object(obj)
         return
@@ -295,6 +302,8 @@ def show(app: App, task_id: str, as_json: bool) -> None:
         state += " on " + ", ".join(task.waiting_on)
     claim = f"{task.claimed_by} until {task.lease_until}" if task.claimed_by else None
     unit_state, unit_status = live_units(app, [task]).get(task.id, ("", ""))
+    missing = app.store.missing_on(task.id)
+    lacking = ", ".join(f"{h} (since {since})" for h, since in missing)
     emit_pairs(
         [
             ("id", task.id),
@@ -303,6 +312,9 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("reason", opt(task.reason)),
             ("priority", task.priority),
             ("cwd", task.cwd),
+            ("host", task.host or "(any)"),
+            ("needs", opt(", ".join(task.needs))),
+            ("cwd missing on", opt(lacking)),
             ("coder", task.coder or "(default_coder when first claimed)"),
             ("model", task.model or "(the coder's default)"),
             ("labels", opt(", ".join(task.labels))),
