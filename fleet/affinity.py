@@ -11,7 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from fleet.errors import ConfigError, InputError
@@ -74,3 +74,18 @@ class Placement(NamedTuple):
                 " have (host_labels)"
             )
         return None
+
+
+def nowhere(
+    missing: Mapping[str, tuple[str | None, Sequence[str]]], known: Iterable[str]
+) -> dict[str, str]:
+    """Of the ready tasks some hosts lack the directory of (`missing`: id -> (its own host,
+    the hosts lacking it)), those no known host can run -> why, in words."""
+    hosts = set(known)
+    out = {}
+    for task_id, (pinned, lacking) in missing.items():
+        if pinned is not None and pinned in lacking:
+            out[task_id] = f"its host {pinned} lacks its directory"
+        elif pinned is None and hosts <= set(lacking):
+            out[task_id] = "no known host has its directory (" + ", ".join(sorted(lacking)) + ")"
+    return out

@@ -44,6 +44,12 @@ FIELDS: tuple[Field, ...] = (
     Field("counts.done", "int", "done tasks"),
     Field("counts.cancelled", "int", "cancelled tasks"),
     Field("counts.handed_off", "int", "tasks handed off to a successor"),
+    Field(
+        "counts.elsewhere",
+        "int",
+        "ready tasks this host may not run: another host's (fleet add --host), needing a label"
+        " it lacks (--needs, host_labels), or whose directory it lacks",
+    ),
     Field("pause", "object", "the global pause (`fleet pause`), or null: reason, by, since"),
     Field(
         "gates",
@@ -103,6 +109,12 @@ FIELDS: tuple[Field, ...] = (
         "object",
         "the last dispatch pass: at, started, recovered, running, error (null if it worked); or"
         " null before the first",
+    ),
+    Field(
+        "nowhere",
+        "array",
+        "ready tasks that no host the queue knows of can run, as their directory is missing"
+        " on each (or on their own host): id, why",
     ),
 )
 
@@ -229,7 +241,14 @@ def snapshot(
     counts = store.status_counts()
     gates = store.open_gates()
     by_name = {g["name"]: g for g in gates}
-    ready = store.ready_by_coder(default)
+    from fleet import affinity
+    from fleet.host import owner
+
+    me = owner()
+    anywhere = store.ready_by_coder(default)
+    ready = store.ready_by_coder(default, (me, affinity.host_labels(config.values["host_labels"])))
+    missing = store.missing_ready()
+    nowhere = affinity.nowhere(missing, [*store.known_hosts(), me]) if missing else {}
     if "pause" in by_name:
         held = sum(ready.values())
     else:
@@ -255,13 +274,14 @@ def snapshot(
             "cap": config.get_int("max_concurrent"),
             "ready": ready_total - held,
             "held": held,
-            "waiting": counts.get("ready", 0) - ready_total,
+            "waiting": counts.get("ready", 0) - sum(anywhere.values()),
             "merging": counts.get("merging", 0),
             "blocked": counts.get("blocked", 0),
             "suspended": counts.get("suspended", 0),
             "done": counts.get("done", 0),
             "cancelled": counts.get("cancelled", 0),
             "handed_off": counts.get("handed-off", 0),
+            "elsewhere": sum(anywhere.values()) - ready_total,
         },
         "pause": (
             None
@@ -320,6 +340,7 @@ def snapshot(
         "running": _running(paths, store, claimed, unit_states),
         "undelivered": store.spooled(),  # what fleet.alerts.undelivered counts
         "units": health,
+        "nowhere": [{"id": task_id, "why": why} for task_id, why in sorted(nowhere.items())],
     }
 
 
@@ -434,6 +455,13 @@ def text(snap: Mapping[str, Any]) -> str:
             ]
             for r in snap["running"]
         ],
+    )
+    if c.get("elsewhere"):
+        lines += ["", f"ELSEWHERE: {c['elsewhere']} ready tasks this host may not run (fleet ls)"]
+    lines += table(
+        f"RUNS NOWHERE ({len(snap['nowhere'])}: no known host can run them; fleet show ID)",
+        ["ID", "WHY"],
+        [[n["id"], n["why"]] for n in snap.get("nowhere", [])],
     )
     if snap["undelivered"]:
         n = snap["undelivered"]

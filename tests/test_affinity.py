@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,9 +111,9 @@ def test_fleet_run_of_a_task_whose_directory_is_missing_says_so(
     assert len(lines) == 1, done.stderr
     assert f"its directory {gone} does not exist on this host" in lines[0]
     shown = fleet.ok("show", task_id)
-    assert "cwd missing on" in shown and f"{__import__('os').uname().nodename} (since" in shown
+    assert "cwd missing on" in shown and f"{os.uname().nodename} (since" in shown
     as_json = json.loads(fleet.ok("show", task_id, "--json"))
-    assert [m["host"] for m in as_json["cwd_missing_on"]] == [__import__("os").uname().nodename]
+    assert [m["host"] for m in as_json["cwd_missing_on"]] == [os.uname().nodename]
 
 
 def test_add_show_ls_and_edit_carry_host_and_needs(backend: str, fleet: Fleet) -> None:
@@ -310,3 +311,36 @@ def test_a_removed_directory_is_found_again_by_another_name(store: Store, tmp_pa
     store.edit(task.id, TaskEdit(cwd=str(b)))
     assert store.missing_on(task.id) == []
     assert claim(store, "host-a") == [task.id]
+
+
+def test_ls_and_status_say_what_runs_elsewhere_or_nowhere(
+    backend: str, fleet: Fleet, tmp_path: Path
+) -> None:
+    me = os.uname().nodename
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    lost = fleet.add("lost", "--cwd", str(gone))
+    pinned = fleet.add("pinned", "--host", "build-9")
+    gone.rmdir()
+    store = open_store(resolve())
+    try:
+        assert claim(store, "host-a") == [] and claim(store, me) == []
+        notes = {line.split()[0]: line for line in fleet.ok("ls").splitlines()[1:]}
+        assert "runs nowhere: no known host has its directory" in notes[lost]
+        assert "not here: it runs only on host build-9" in notes[pinned]
+        snap = json.loads(fleet.ok("status", "--json"))
+        assert (snap["counts"]["ready"], snap["counts"]["elsewhere"]) == (0, 2)
+        assert [n["id"] for n in snap["nowhere"]] == [lost]
+        assert "RUNS NOWHERE (1" in fleet.ok("status")
+        # It appears again here: it runs here once more, and so somewhere.
+        gone.mkdir()
+        assert store.recheck_missing(me) == [lost]
+        snap = json.loads(fleet.ok("status", "--json"))
+        assert (snap["counts"]["ready"], snap["counts"]["elsewhere"], snap["nowhere"]) == (
+            1,
+            1,
+            [],
+        )
+        assert "RUNS NOWHERE" not in fleet.ok("status")
+    finally:
+        store.close()

@@ -55,6 +55,34 @@ def held(app: App, tasks: Iterable[Task]) -> dict[str, str]:
     return found
 
 
+def unplaced(app: App, tasks: Iterable[Task]) -> dict[str, str]:
+    """Ready tasks (their dependencies done) that this host may not run, or that no host the
+    store knows of can (fleet.affinity) -> why."""
+    ready = [t for t in tasks if t.status == Status.READY and not t.waiting_on]
+    if not ready:
+        return {}
+    from fleet import affinity
+    from fleet.host import owner
+
+    me = owner()
+    found: dict[str, str] = {}
+    if any(t.host is not None or t.needs for t in ready):
+        labels = affinity.host_labels(app.config.values["host_labels"])
+        for t in ready:
+            why = affinity.Placement(t.host, t.needs).refusal(me, labels)
+            if why:
+                found[t.id] = f"not here: {why}"
+    missing = app.store.missing_ready()
+    if missing:
+        gone = affinity.nowhere(missing, [*app.store.known_hosts(), me])
+        for t in ready:
+            if t.id in gone:
+                found[t.id] = f"runs nowhere: {gone[t.id]}"
+            elif t.id not in found and me in missing.get(t.id, (None, ()))[1]:
+                found[t.id] = "not here: its directory is missing on this host"
+    return found
+
+
 def live_units(app: App, tasks: Iterable[Task]) -> dict[str, tuple[str, str]]:
     """(ActiveState, status line) of the units of claimed tasks; empty without systemd."""
     claimed = [t.id for t in tasks if t.claimed_by]
@@ -75,13 +103,16 @@ def _table(app: App, tasks: Iterable[Task]) -> None:
     tasks = list(tasks)
     units = live_units(app, tasks)
     holds = held(app, tasks)
+    places = unplaced(app, tasks)
     focuses = app.store.focuses() if any(t.claimed_by for t in tasks) else {}
 
     def note(t: Task) -> str:
         """What the agent of a claimed task said it works on, else its unit's live state; or
-        why a ready one is held."""
+        why a ready one is held, or cannot run here or anywhere."""
         if t.id in holds:
             return holds[t.id]
+        if t.id in places:
+            return shorten(places[t.id], 50)
         if t.id in focuses:
             return shorten(f"focus: {focuses[t.id][0]}", 50)
         state, status = units.get(t.id, ("", ""))
@@ -174,6 +205,8 @@ def ls(
 
     A ready task that a gate holds back (the pause, its coder's rate limit or daily budget) is
     shown as held, with why in the NOTE column; a running one has its unit's live status there.
+    So has a ready task that this host may not run (`fleet add --host`, `--needs`, its
+    directory missing here) or that no host the queue knows of can run (`runs nowhere`).
     """
     from fleet import inputs
     from fleet.store import TaskFilter

@@ -390,6 +390,16 @@ class Store(Coordinating, Protocol):
         """(host, since when) of the hosts that lack the task's directory."""
         ...
 
+    def missing_ready(self) -> dict[str, tuple[str | None, tuple[str, ...]]]:
+        """Ready tasks with hosts that lack their directory: id -> (the task's own host or
+        None, the hosts lacking it)."""
+        ...
+
+    def known_hosts(self) -> list[str]:
+        """The hosts the store has seen: those holding claims and those that recorded a
+        missing directory."""
+        ...
+
     def renew(self, task_id: str, owner: str, lease_s: float, attempt: int | None = None) -> bool:
         """Extend the lease by `lease_s` from now (the store's clock) iff `owner` still holds
         the claim (of attempt number `attempt`, if given)."""

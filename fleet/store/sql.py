@@ -1170,6 +1170,25 @@ class SQLStore(SQLCoordination):
                 )
         return [str(task) for task, _, status, _ in rows if task not in still and status == "ready"]
 
+    def missing_ready(self) -> dict[str, tuple[str | None, tuple[str, ...]]]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT m.task, t.host, m.host FROM cwd_missing m JOIN tasks t ON t.id = m.task"
+                " WHERE t.status = 'ready' AND m.cwd = t.cwd ORDER BY m.task, m.host"
+            ).fetchall()
+        out: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+        for task_id, pinned, lacking in rows:
+            out[str(task_id)] = (pinned, (*out.get(str(task_id), (None, ()))[1], str(lacking)))
+        return out
+
+    def known_hosts(self) -> list[str]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT host FROM cwd_missing UNION SELECT claimed_by FROM tasks"
+                " WHERE claimed_by IS NOT NULL AND lease_until IS NOT NULL"
+            ).fetchall()
+        return sorted(str(h) for (h,) in rows)
+
     def missing_on(self, task_id: str) -> list[tuple[str, str]]:
         with self._read() as db:
             rows = db.execute(
