@@ -15,8 +15,9 @@ under `global_max_concurrent` 4 for their coder, so half the claimers find it fu
 time and try again). A claimer ends each task it gets (Store.finish, done) before claiming
 the next, as a runner would, so the running tasks stay few, as on real hosts. The clock runs
 from a shared start event until the last claimer reports; cycles/s is tasks / that time,
-median of 3 runs (1 with --quick). Safety: every task must end done with exactly one attempt, and under the cap
-the most claims running at once, read from the attempts' rows, is reported.
+median of 3 runs (1 with --quick). Safety: every task must end done with exactly one attempt;
+the most claims running at once, read from the attempts' rows, is reported (under the cap it
+must not exceed it).
 """
 
 from __future__ import annotations
