@@ -11,8 +11,8 @@ Invariants:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 from fleet.errors import ConfigError, InputError
 
@@ -76,16 +76,34 @@ class Placement(NamedTuple):
         return None
 
 
+class Seen(NamedTuple):
+    """A live host as the queue knows it (fleet.store.hosts): its name and labels."""
+
+    name: str
+    labels: tuple[str, ...]
+
+
+def live(hosts: Iterable[Any]) -> list[Seen]:
+    """The live ones of the queue's hosts (fleet.store.hosts.Host rows)."""
+    return [Seen(h.name, tuple(h.labels)) for h in hosts if h.alive]
+
+
 def nowhere(
-    missing: Mapping[str, tuple[str | None, Sequence[str]]], known: Iterable[str]
-) -> dict[str, str]:
-    """Of the ready tasks some hosts lack the directory of (`missing`: id -> (its own host,
-    the hosts lacking it)), those no known host can run -> why, in words."""
-    hosts = set(known)
-    out = {}
-    for task_id, (pinned, lacking) in missing.items():
-        if pinned is not None and pinned in lacking:
-            out[task_id] = f"its host {pinned} lacks its directory"
-        elif pinned is None and hosts <= set(lacking):
-            out[task_id] = "no known host has its directory (" + ", ".join(sorted(lacking)) + ")"
-    return out
+    pinned: str | None, needs: Sequence[str], lacking: Iterable[str], hosts: Sequence[Seen]
+) -> str | None:
+    """Why none of the live `hosts` can run a task for host `pinned` (None: any) that needs
+    `needs` and whose directory the hosts `lacking` lack; None if one can (or none is known,
+    which says nothing)."""
+    if not hosts:
+        return None
+    gone = set(lacking)
+    fit = [h for h in hosts if pinned is None or h.name == pinned]
+    if not fit:
+        return f"its host {pinned} is not a live host of the queue"
+    labelled = [h for h in fit if set(needs) <= set(h.labels)]
+    if not labelled:
+        wanted = ", ".join(needs)
+        return f"no live host has {wanted}" if pinned is None else f"host {pinned} lacks {wanted}"
+    if all(h.name in gone for h in labelled):
+        return "cwd missing on " + ", ".join(h.name for h in labelled)
+    return None

@@ -60,7 +60,7 @@ def subtask(
         merge=parent.merge if parent.isolated else None,
         parent_waits=waits,
         # It works in the same directory: on the same host, with the labels that needs.
-        host=parent.host,
+        pinned_host=parent.pinned_host,
         needs=parent.needs,
     )
 
@@ -106,7 +106,7 @@ def handoff(
         max_cost_usd=task.max_cost_usd,
         max_tokens=task.max_tokens,
         limits=task.limits,
-        host=task.host,
+        pinned_host=task.pinned_host,
         needs=task.needs,
     )
     return store.handoff(task_id, successor, context)

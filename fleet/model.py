@@ -177,7 +177,23 @@ TASK_FIELDS: tuple[Field, ...] = (
         "the task's own resource limits (fleet.toml(5), coders.NAME.limits: name to value), over"
         " its coder's and its labels'; null: none of its own",
     ),
-    Field("host", "text", "the only host that may run the task (`uname -n`), or null for any"),
+    Field(
+        "host",
+        "text",
+        "the host of the task's newest claim: the one running it, else the one that ran its"
+        " last attempt; null before its first claim",
+    ),
+    Field(
+        "lost_streak",
+        "int",
+        "attempts in a row that ended lost (their host or runner gone); any other end resets it,"
+        " and at max_lost the task is blocked",
+    ),
+    Field(
+        "pinned_host",
+        "text",
+        "the only host that may run the task (`fleet add --host`, its `uname -n`), or null for any",
+    ),
     Field(
         "needs",
         "list",
@@ -262,6 +278,8 @@ class Task(NamedTuple):
     sandbox: str | None
     limits: dict[str, str] | None
     host: str | None
+    lost_streak: int
+    pinned_host: str | None
     needs: tuple[str, ...]
 
     @property
@@ -394,7 +412,7 @@ class TaskSpec(NamedTuple):
     max_tokens: int | None = None
     sandbox: str | None = None  # none, standard, strict; None: the coder's or the setting
     limits: dict[str, str] | None = None  # checked by fleet.limits; None: none of its own
-    host: str | None = None  # the only host that may run it (fleet.affinity); None: any
+    pinned_host: str | None = None  # the only host that may run it (fleet.affinity); None: any
     needs: tuple[str, ...] = ()  # labels its host must have
 
 
@@ -416,7 +434,7 @@ class TaskEdit(NamedTuple):
     max_cost_usd: float | None = None
     max_tokens: int | None = None
     limits: dict[str, str] | None = None  # merged into the task's own; "" removes a name
-    host: str | None = None  # the only host that may run it; clear `host` for any host
+    pinned_host: str | None = None  # the only host that may run it; clear it for any host
     add_needs: tuple[str, ...] = ()
     remove_needs: tuple[str, ...] = ()
 

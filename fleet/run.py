@@ -107,7 +107,7 @@ def take(store: Store, config: Config, task_id: str, me: str, under_systemd: boo
         # and never take over that runner's claim.
         task = store.get(task_id)
         if task.claimed_by is None:
-            why = Placement(task.host, task.needs).refusal(me, labels)
+            why = Placement(task.pinned_host, task.needs).refusal(me, labels)
             if why is None and task.status != Status.READY:
                 why = f"it is {task.status}"
             elif why is None and any(h == me for h, _ in store.missing_on(task_id)):

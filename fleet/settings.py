@@ -210,10 +210,10 @@ SETTINGS: tuple[Setting, ...] = (
         "host_labels",
         "list",
         [],
-        "Labels this host advertises to a queue that several hosts share, such as gpu or"
-        " arch=arm64: it claims a task added with `fleet add --needs LABEL` only if it has"
-        " every label the task needs (a task added with --host NAME runs only on the host"
-        " whose name, `uname -n`, is NAME).",
+        "Labels this host advertises to a queue that several hosts share (`fleet hosts` lists"
+        " them), such as gpu or arch=arm64: it claims a task added with `fleet add --needs"
+        " LABEL` only if it has every label the task needs (a task added with --host NAME runs"
+        " only on the host whose name, `uname -n`, is NAME).",
         pattern=LABEL_PATTERN,
         example=LABEL_EXAMPLE,
     ),
@@ -529,6 +529,27 @@ SETTINGS: tuple[Setting, ...] = (
         " the first dispatch pass after the boot, without waiting.",
         10,
         86400,
+    ),
+    Setting(
+        "host_dead_after",
+        "int",
+        0,
+        "Seconds a host may be silent (no dispatch pass, no lease renewal) before another host"
+        " sharing the queue recovers its claims whose leases have run out (their tasks run"
+        " again elsewhere). Must exceed lease_seconds plus the renew period (a third of"
+        " lease_seconds), so a host that is only slow is never taken for dead; 0 means five"
+        " times lease_seconds (300 s with the default lease).",
+        0,
+        7 * 86400,
+    ),
+    Setting(
+        "max_lost",
+        "int",
+        3,
+        "After this many attempts in a row ended lost (their host or runner gone), the task"
+        " is blocked instead of run again; any other end of an attempt resets the count.",
+        1,
+        1000,
     ),
     Setting(
         "handoff_offers",

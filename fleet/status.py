@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from fleet.store import Store
 
 CLAIM_UNITS = ("fleet-claim.path", "fleet-claim.timer", "fleet-claim.service")
+# How many of the ready tasks that not every host may run `nowhere` looks at, oldest first.
+NOWHERE_LOOKED_AT = 1000
 
 FIELDS: tuple[Field, ...] = (
     Field("generated_at", "text", "UTC ISO 8601 time of the snapshot"),
@@ -113,8 +115,9 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "nowhere",
         "array",
-        "ready tasks that no host the queue knows of can run, as their directory is missing"
-        " on each (or on their own host): id, why",
+        "ready tasks that no live host of the queue (fleet hosts) can run: pinned to a host"
+        " that is not live, needing labels no live host has, or whose directory the live hosts"
+        " that could run them lack (of the oldest 1000 that not every host may run): id, why",
     ),
 )
 
@@ -242,13 +245,21 @@ def snapshot(
     gates = store.open_gates()
     by_name = {g["name"]: g for g in gates}
     from fleet import affinity
+    from fleet.config import dead_after
     from fleet.host import owner
 
-    me = owner()
     anywhere = store.ready_by_coder(default)
-    ready = store.ready_by_coder(default, (me, affinity.host_labels(config.values["host_labels"])))
-    missing = store.missing_ready()
-    nowhere = affinity.nowhere(missing, [*store.known_hosts(), me]) if missing else {}
+    here = (owner(), affinity.host_labels(config.values["host_labels"]))
+    ready = store.ready_by_coder(default, here)
+    nowhere: dict[str, str] = {}
+    apart = store.placed_apart(NOWHERE_LOOKED_AT) if sum(anywhere.values()) else []
+    if apart:
+        missing = store.missing_ready()
+        hosts = affinity.live(store.hosts(dead_after(config)))
+        for task in apart:
+            why = affinity.nowhere(task.pinned_host, task.needs, missing.get(task.id, ()), hosts)
+            if why:
+                nowhere[task.id] = why
     if "pause" in by_name:
         held = sum(ready.values())
     else:
@@ -459,7 +470,7 @@ def text(snap: Mapping[str, Any]) -> str:
     if c.get("elsewhere"):
         lines += ["", f"ELSEWHERE: {c['elsewhere']} ready tasks this host may not run (fleet ls)"]
     lines += table(
-        f"RUNS NOWHERE ({len(snap['nowhere'])}: no known host can run them; fleet show ID)",
+        f"RUNS NOWHERE ({len(snap['nowhere'])}: no live host can run them; fleet show ID)",
         ["ID", "WHY"],
         [[n["id"], n["why"]] for n in snap.get("nowhere", [])],
     )

@@ -31,7 +31,7 @@ def claim(store: Store, owner: str, n: int = 10, labels: tuple[str, ...] = ()) -
 
 
 def test_a_task_for_one_host_is_claimed_only_there(store: Store, project: Path) -> None:
-    (pinned,) = store.add([TaskSpec("pinned", str(project), host="host-b")])
+    (pinned,) = store.add([TaskSpec("pinned", str(project), pinned_host="host-b")])
     (free,) = store.add([TaskSpec("anywhere", str(project))])
     assert claim(store, "host-a") == [free.id]
     assert [t.id for t in store.ready(here=("host-a", ()))] == []
@@ -57,11 +57,11 @@ def test_a_task_that_needs_labels_goes_to_a_host_with_all_of_them(
 
 
 def test_edit_moves_a_task_between_hosts_and_labels(store: Store, project: Path) -> None:
-    (task,) = store.add([TaskSpec("t", str(project), host="host-b", needs=("gpu",))])
+    (task,) = store.add([TaskSpec("t", str(project), pinned_host="host-b", needs=("gpu",))])
     task = store.edit(task.id, TaskEdit(add_needs=("ssd", "ssd"), remove_needs=("gpu",)))
     assert task.needs == ("ssd",)
-    task = store.edit(task.id, TaskEdit(clear=frozenset({"host"}), remove_needs=("ssd",)))
-    assert (task.host, task.needs) == (None, ())
+    task = store.edit(task.id, TaskEdit(clear=frozenset({"pinned_host"}), remove_needs=("ssd",)))
+    assert (task.pinned_host, task.needs) == (None, ())
     assert store_rows(resolve().home, f"SELECT needs FROM tasks WHERE id = '{task.id}'") == [
         (None,)
     ]
@@ -119,16 +119,16 @@ def test_fleet_run_of_a_task_whose_directory_is_missing_says_so(
 def test_add_show_ls_and_edit_carry_host_and_needs(backend: str, fleet: Fleet) -> None:
     task_id = fleet.add("t", "--host", "build-2.example.org", "--needs", "gpu", "--needs", "a=b")
     obj = json.loads(fleet.ok("ls", "--json"))[0]
-    assert (obj["host"], obj["needs"]) == ("build-2.example.org", ["gpu", "a=b"])
+    assert (obj["pinned_host"], obj["needs"]) == ("build-2.example.org", ["gpu", "a=b"])
     shown = fleet.ok("show", task_id)
     assert "build-2.example.org" in shown and "gpu, a=b" in shown
     fleet.ok("edit", task_id, "--host", "", "--not-needs", "gpu", "--needs", "ssd")
     obj = json.loads(fleet.ok("show", task_id, "--json"))
-    assert (obj["host"], obj["needs"], obj["cwd_missing_on"]) == (None, ["a=b", "ssd"], [])
+    assert (obj["pinned_host"], obj["needs"], obj["cwd_missing_on"]) == (None, ["a=b", "ssd"], [])
     fleet.ok("edit", task_id, "--host", "other")
-    assert json.loads(fleet.ok("show", task_id, "--json"))["host"] == "other"
+    assert json.loads(fleet.ok("show", task_id, "--json"))["pinned_host"] == "other"
     plain = json.loads(fleet.ok("show", fleet.add("plain"), "--json"))
-    assert (plain["host"], plain["needs"]) == (None, [])
+    assert (plain["pinned_host"], plain["needs"]) == (None, [])
 
 
 def test_batch_keys_host_and_needs_with_the_options_as_defaults(
@@ -144,7 +144,7 @@ def test_batch_keys_host_and_needs_with_the_options_as_defaults(
     batch.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = fleet.ok("add", "--batch", str(batch), "--host", "build-1", "--needs", "big", "--json")
     got = json.loads(out)
-    assert [(t["host"], t["needs"], t["cwd"]) for t in got] == [
+    assert [(t["pinned_host"], t["needs"], t["cwd"]) for t in got] == [
         ("build-1", ["big"], str(project)),
         ("build-3", ["big", "ssd"], elsewhere),
         ("build-1", ["big", "gpu"], str(project)),
@@ -316,23 +316,37 @@ def test_a_removed_directory_is_found_again_by_another_name(store: Store, tmp_pa
 def test_ls_and_status_say_what_runs_elsewhere_or_nowhere(
     backend: str, fleet: Fleet, tmp_path: Path
 ) -> None:
+    from fleet.store.hosts import HostInfo
+
     me = os.uname().nodename
     gone = tmp_path / "gone"
     gone.mkdir()
     lost = fleet.add("lost", "--cwd", str(gone))
     pinned = fleet.add("pinned", "--host", "build-9")
+    gpu = fleet.add("gpu", "--needs", "gpu")
     gone.rmdir()
     store = open_store(resolve())
     try:
-        assert claim(store, "host-a") == [] and claim(store, me) == []
+        # Two live hosts, as their dispatch passes record them: this one and a GPU box.
+        store.heartbeat(HostInfo(me, None, None, (), 4), 300)
+        store.heartbeat(HostInfo("host-a", None, None, ("gpu",), 4), 300)
+        assert claim(store, "host-a", labels=("gpu",)) == [gpu]
+        assert claim(store, me) == []
         notes = {line.split()[0]: line for line in fleet.ok("ls").splitlines()[1:]}
-        assert "runs nowhere: no known host has its directory" in notes[lost]
-        assert "not here: it runs only on host build-9" in notes[pinned]
+        assert "runs nowhere: cwd missing on " in notes[lost]
+        assert "runs nowhere: its host build-9 is not a live" in notes[pinned]
         snap = json.loads(fleet.ok("status", "--json"))
         assert (snap["counts"]["ready"], snap["counts"]["elsewhere"]) == (0, 2)
-        assert [n["id"] for n in snap["nowhere"]] == [lost]
-        assert "RUNS NOWHERE (1" in fleet.ok("status")
-        # It appears again here: it runs here once more, and so somewhere.
+        assert {n["id"]: n["why"] for n in snap["nowhere"]} == {
+            lost: "cwd missing on " + ", ".join(sorted(["host-a", me])),
+            pinned: "its host build-9 is not a live host of the queue",
+        }
+        assert "RUNS NOWHERE (2" in fleet.ok("status")
+        # A live build-9 makes the pinned one placeable (elsewhere): only ls says not here.
+        store.heartbeat(HostInfo("build-9", None, None, (), 4), 300)
+        notes = {line.split()[0]: line for line in fleet.ok("ls").splitlines()[1:]}
+        assert "not here: it runs only on host build-9" in notes[pinned]
+        # The directory appears again here: it runs here once more.
         gone.mkdir()
         assert store.recheck_missing(me) == [lost]
         snap = json.loads(fleet.ok("status", "--json"))

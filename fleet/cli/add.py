@@ -377,7 +377,7 @@ def spec_of(app: App, one: One) -> TaskSpec:
         max_tokens=one.max_tokens,
         sandbox=one.sandbox,
         limits=dict(one.limits) or None,
-        host=one.host,
+        pinned_host=one.host,
         needs=one.needs,
     )
 
@@ -610,6 +610,6 @@ def _spec(
         max_tokens=max_tokens,
         sandbox=sandbox,
         limits=limits or None,
-        host=host,
+        pinned_host=host,
         needs=tuple(dict.fromkeys([*defaults.needs, *affinity.labels(texts("needs"), "needs")])),
     )

@@ -142,7 +142,7 @@ def edit_of(
         ("model", model),
         ("max_cost_usd", max_cost),
         ("max_tokens", max_tokens),
-        ("host", host),
+        ("pinned_host", host),
     )
     clear = frozenset(name for name, value in emptied if value == "")
     change = TaskEdit(
@@ -161,7 +161,7 @@ def edit_of(
         max_cost_usd=inputs.amount("--max-cost", max_cost) if max_cost else None,
         max_tokens=inputs.count("--max-tokens", max_tokens) if max_tokens else None,
         limits=pairs(limits, removable=True) if limits else None,
-        host=affinity.host_name(host) if host else None,
+        pinned_host=affinity.host_name(host) if host else None,
         add_needs=affinity.labels(needs),
         remove_needs=tuple(not_needs),
     )

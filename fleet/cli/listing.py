@@ -56,30 +56,34 @@ def held(app: App, tasks: Iterable[Task]) -> dict[str, str]:
 
 
 def unplaced(app: App, tasks: Iterable[Task]) -> dict[str, str]:
-    """Ready tasks (their dependencies done) that this host may not run, or that no host the
-    store knows of can (fleet.affinity) -> why."""
+    """Ready tasks (their dependencies done) that this host may not run, or that no live host
+    of the queue can (fleet.affinity) -> why."""
     ready = [t for t in tasks if t.status == Status.READY and not t.waiting_on]
     if not ready:
         return {}
+    missing = app.store.missing_ready()
+    apart = [t for t in ready if t.pinned_host is not None or t.needs or t.id in missing]
+    if not apart:
+        return {}  # the usual case: no configuration read, no more work
     from fleet import affinity
+    from fleet.config import dead_after
     from fleet.host import owner
 
     me = owner()
+    labels = affinity.host_labels(app.config.values["host_labels"])
+    hosts = affinity.live(app.store.hosts(dead_after(app.config)))
     found: dict[str, str] = {}
-    if any(t.host is not None or t.needs for t in ready):
-        labels = affinity.host_labels(app.config.values["host_labels"])
-        for t in ready:
-            why = affinity.Placement(t.host, t.needs).refusal(me, labels)
-            if why:
-                found[t.id] = f"not here: {why}"
-    missing = app.store.missing_ready()
-    if missing:
-        gone = affinity.nowhere(missing, [*app.store.known_hosts(), me])
-        for t in ready:
-            if t.id in gone:
-                found[t.id] = f"runs nowhere: {gone[t.id]}"
-            elif t.id not in found and me in missing.get(t.id, (None, ()))[1]:
-                found[t.id] = "not here: its directory is missing on this host"
+    for t in apart:
+        lacking = missing.get(t.id, ())
+        why = affinity.nowhere(t.pinned_host, t.needs, lacking, hosts)
+        if why:
+            found[t.id] = f"runs nowhere: {why}"
+            continue
+        why = affinity.Placement(t.pinned_host, t.needs).refusal(me, labels)
+        if why is None and me in lacking:
+            why = "its directory is missing on this host"
+        if why:
+            found[t.id] = f"not here: {why}"
     return found
 
 
@@ -345,7 +349,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("reason", opt(task.reason)),
             ("priority", task.priority),
             ("cwd", task.cwd),
-            ("host", task.host or "(any)"),
+            ("runs on", task.pinned_host or "any host"),
             ("needs", opt(", ".join(task.needs))),
             ("cwd missing on", opt(lacking)),
             ("coder", task.coder or "(default_coder when first claimed)"),

@@ -1,7 +1,7 @@
 """The SQL of where a task may run (fleet.affinity), in pieces a claim adds to its WHERE.
 
 Invariants:
-- a host claims a task only if the task names no host or this one (`tasks.host`), and needs
+- a host claims a task only if the task names no host or this one (`tasks.pinned_host`), and needs
   no label this host does not advertise (`tasks.needs` within the host's labels, compared by
   the dialect's JSON containment);
 - a host never claims a task whose directory it lacks: the claim checks each task it takes
@@ -32,7 +32,7 @@ ROUNDS = 20
 def host_and_needs(d: Dialect, t: str = "t") -> str:
     """Binds (host name, the host's labels as `labels_arg` gives them)."""
     return (
-        f"({t}.host IS NULL OR {t}.host = ?)"
+        f"({t}.pinned_host IS NULL OR {t}.pinned_host = ?)"
         f" AND ({t}.needs IS NULL OR {d.json_within(f'{t}.needs', '?')})"
     )
 

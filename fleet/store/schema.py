@@ -433,9 +433,28 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # none, its coder's and labels' and the task_* settings apply.
     ("ALTER TABLE tasks ADD COLUMN limits TEXT",),
     (
-        # Where the task may run (fleet.affinity): only on host `host` (null: any), only on a
-        # host advertising every label of `needs` (a JSON array; null: none).
+        # The hosts that share the queue (fleet.hosts): each dispatch pass upserts its own row,
+        # each lease renewal refreshes its last_seen (the store's clock); a host silent longer
+        # than host_dead_after may have its expired claims recovered by another.
+        """CREATE TABLE hosts (
+            name TEXT PRIMARY KEY,
+            machine_id TEXT,
+            boot_id TEXT,
+            labels TEXT NOT NULL DEFAULT '[]',
+            max_concurrent INTEGER NOT NULL,
+            last_seen TEXT NOT NULL
+        ) WITHOUT ROWID""",
+        # The host of the task's newest claim (its attempts' owner), kept once the claim ends.
         "ALTER TABLE tasks ADD COLUMN host TEXT",
+        # Attempts in a row that ended `lost`, reset by any other end (max_lost blocks).
+        "ALTER TABLE tasks ADD COLUMN lost_streak INTEGER NOT NULL DEFAULT 0",
+        "UPDATE tasks SET host = (SELECT a.owner FROM attempts a WHERE a.task = tasks.id"
+        " ORDER BY a.n DESC LIMIT 1)",
+    ),
+    (
+        # Where the task may run (fleet.affinity): only on host `pinned_host` (null: any), only
+        # on a host advertising every label of `needs` (a JSON array; null: none).
+        "ALTER TABLE tasks ADD COLUMN pinned_host TEXT",
         "ALTER TABLE tasks ADD COLUMN needs TEXT",
         # Hosts that found a task's directory missing when they were about to claim it: they
         # pass over it until they find `cwd` there again (fleet.store.placement).

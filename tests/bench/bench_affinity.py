@@ -80,7 +80,7 @@ def _specs(mode: str, n: int, cwd: str) -> list[TaskSpec]:
         kind = i % 3
         host = f"host{i % CLAIMERS}" if kind == 1 else None
         needs = ("gpu",) if kind == 2 else ()
-        out.append(TaskSpec(f"bench task {i}", cwd, host=host, needs=needs))
+        out.append(TaskSpec(f"bench task {i}", cwd, pinned_host=host, needs=needs))
     return out
 
 
