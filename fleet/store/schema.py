@@ -432,6 +432,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # The task's own resource limits (fleet.limits), a JSON object of name to value; null:
     # none, its coder's and labels' and the task_* settings apply.
     ("ALTER TABLE tasks ADD COLUMN limits TEXT",),
+    # JSON columns written compact (fleet.store.dialect: a record's JSON is the same bytes on
+    # both stores), those written before rewritten so.
+    (
+        "UPDATE tasks SET labels = json(labels), merged_from = json(merged_from),"
+        " limits = json(limits)",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

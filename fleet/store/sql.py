@@ -95,7 +95,17 @@ STOPPING = (
 )
 
 
-def _task_json_sql(d: Dialect, t: str = "t") -> str:
+def _compact(value: Any) -> str:
+    """A JSON column's text as the store writes it: compact, so that both dialects embed it
+    in a record as it is (fleet.store.dialect)."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _real(d: Dialect, f: Field, expr: str) -> str:
+    return d.real(expr) if f.kind == "real" else expr
+
+
+def _task_json_sql(d: Dialect, t: str = "t") -> tuple[str, str]:
     exprs = {
         "labels": d.json(f"{t}.labels"),
         "limits": d.json(f"{t}.limits"),
@@ -120,27 +130,33 @@ def _task_json_sql(d: Dialect, t: str = "t") -> str:
             f" AND p.claimed_by IS NOT NULL) ws) ELSE {d.empty_array} END"
         ),
     }
-    return d.json_object([(f.name, exprs.get(f.name, f"{t}.{f.name}")) for f in TASK_FIELDS])
+    return d.record(
+        [(f.name, exprs.get(f.name, _real(d, f, f"{t}.{f.name}"))) for f in TASK_FIELDS], t
+    )
 
 
-def _question_json_sql(d: Dialect) -> str:
+def _question_json_sql(d: Dialect) -> tuple[str, str]:
     def expr(f: Field) -> str:
         if f.kind == "list":
             return d.json(f"q.{f.name}")
         if f.kind == "bool":
             as_json = d.json(f"CASE q.{f.name} WHEN 0 THEN 'false' ELSE 'true' END")
             return f"CASE WHEN q.{f.name} IS NULL THEN NULL ELSE {as_json} END"
-        return f"q.{f.name}"
+        return _real(d, f, f"q.{f.name}")
 
-    return d.json_object([(f.name, expr(f)) for f in QUESTION_FIELDS])
+    return d.record([(f.name, expr(f)) for f in QUESTION_FIELDS], "q")
 
 
-def _checkpoint_json_sql(d: Dialect) -> str:
-    return d.json_object(
+def _checkpoint_json_sql(d: Dialect) -> tuple[str, str]:
+    return d.record(
         [
-            (f.name, d.json(f'c."{f.name}"') if f.kind == "list" else f'c."{f.name}"')
+            (
+                f.name,
+                d.json(f'c."{f.name}"') if f.kind == "list" else _real(d, f, f'c."{f.name}"'),
+            )
             for f in CHECKPOINT_FIELDS
-        ]
+        ],
+        "c",
     )
 
 
@@ -151,12 +167,14 @@ def _marks(n: int) -> str:
 
 
 class Queries:
-    """The statements a dialect spells its own way, built once per dialect."""
+    """The statements a dialect spells its own way, built once per dialect: each record's JSON
+    as a select expression, and what its query puts after the table's alias (`tasks t`,
+    `questions q`, `checkpoints c`) in FROM."""
 
     def __init__(self, d: Dialect) -> None:
-        self.task_json = _task_json_sql(d)
-        self.question_json = _question_json_sql(d)
-        self.checkpoint_json = _checkpoint_json_sql(d)
+        self.task_json, self.tasks = _task_json_sql(d)
+        self.question_json, self.questions = _question_json_sql(d)
+        self.checkpoint_json, self.checkpoints = _checkpoint_json_sql(d)
 
 
 # The fence of a runner's write: its attempt, if it names one (bound twice: attempt, attempt).
@@ -250,7 +268,8 @@ class SQLStore(SQLCoordination):
     def children(self, task_id: str) -> list[Task]:
         with self._read() as db:
             rows = db.execute(
-                f"SELECT {self.q.task_json} FROM tasks t WHERE t.parent = ? ORDER BY t.seq",
+                f"SELECT {self.q.task_json} FROM tasks t{self.q.tasks}"
+                " WHERE t.parent = ? ORDER BY t.seq",
                 (task_id,),
             ).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
@@ -259,7 +278,7 @@ class SQLStore(SQLCoordination):
 
     def _fetch(self, db: Conn, task_id: str) -> Task:
         row = db.execute(
-            f"SELECT {self.q.task_json} FROM tasks t WHERE t.id = ?", (task_id,)
+            f"SELECT {self.q.task_json} FROM tasks t{self.q.tasks} WHERE t.id = ?", (task_id,)
         ).fetchone()
         if row is None:
             raise NotFound(f"no task {task_id}", hint="`fleet ls --all` lists every task")
@@ -319,7 +338,7 @@ class SQLStore(SQLCoordination):
     def _list_sql(self, flt: TaskFilter) -> tuple[str, list[Any]]:
         where, args = self._where(flt)
         order = "DESC" if flt.newest_first else ""
-        sql = f"SELECT {self.q.task_json} FROM tasks t{where} ORDER BY t.seq {order}"
+        sql = f"SELECT {self.q.task_json} FROM tasks t{self.q.tasks}{where} ORDER BY t.seq {order}"
         if flt.limit is not None or flt.offset:
             limit = self.dialect.no_limit if flt.limit is None else flt.limit
             return sql + " LIMIT ? OFFSET ?", [*args, limit, flt.offset]
@@ -354,7 +373,7 @@ class SQLStore(SQLCoordination):
             )
             args = [default_coder, *coders]
         sql = (
-            f"SELECT {self.q.task_json} FROM tasks t WHERE {where}"
+            f"SELECT {self.q.task_json} FROM tasks t{self.q.tasks} WHERE {where}"
             " ORDER BY t.priority, t.seq LIMIT ?"
         )
         with self._read() as db:
@@ -437,7 +456,7 @@ class SQLStore(SQLCoordination):
             if spec.merged_from:
                 db.execute(
                     "UPDATE tasks SET merged_from = ? WHERE id = ?",
-                    (json.dumps(list(spec.merged_from)), new_ids[i]),
+                    (_compact(list(spec.merged_from)), new_ids[i]),
                 )
         for i, spec in enumerate(specs):
             self._audit_added(db, new_ids[i], spec, real(spec.parent) if spec.parent else None)
@@ -453,7 +472,7 @@ class SQLStore(SQLCoordination):
         if len(specs) > 50:
             # Re-reading thousands of rows one by one would dominate a batch add.
             rows = db.execute(
-                f"SELECT {self.q.task_json} FROM tasks t WHERE t.seq > "
+                f"SELECT {self.q.task_json} FROM tasks t{self.q.tasks} WHERE t.seq > "
                 "(SELECT seq FROM tasks WHERE id = ?) - 1 ORDER BY t.seq",
                 (new_ids[0],),
             ).fetchall()
@@ -546,7 +565,7 @@ class SQLStore(SQLCoordination):
                     spec.cwd,
                     spec.coder,
                     spec.model,
-                    json.dumps(list(spec.labels)),
+                    _compact(list(spec.labels)),
                     now,
                     now,
                     spec.isolation,
@@ -555,7 +574,7 @@ class SQLStore(SQLCoordination):
                     spec.max_cost_usd,
                     spec.max_tokens,
                     spec.sandbox,
-                    json.dumps(spec.limits) if spec.limits else None,
+                    _compact(spec.limits) if spec.limits else None,
                 ),
             ).fetchone()
             if row is not None:
@@ -597,11 +616,11 @@ class SQLStore(SQLCoordination):
             if change.limits is not None:
                 table = {**(cur.limits or {}), **change.limits}
                 table = {k: v for k, v in table.items() if v}
-                sets["limits"] = json.dumps(table) if table else None
+                sets["limits"] = _compact(table) if table else None
             if change.add_labels or change.remove_labels:
                 labels = [x for x in cur.labels if x not in change.remove_labels]
                 labels += [x for x in dict.fromkeys(change.add_labels) if x not in labels]
-                sets["labels"] = json.dumps(labels)
+                sets["labels"] = _compact(labels)
             if change.parent is not None:
                 self._check_parent(db, task_id, change.parent)
                 sets["parent"] = change.parent
@@ -800,7 +819,7 @@ class SQLStore(SQLCoordination):
                     task_id,
                     context,
                     successor.parent,
-                    json.dumps(list(successor.merged_from)),
+                    _compact(list(successor.merged_from)),
                     new_id,
                 ),
             )
@@ -866,7 +885,7 @@ class SQLStore(SQLCoordination):
                     spec.note,
                     task.coder,
                     row[0] if row else None,
-                    json.dumps([q for (q,) in pending]),
+                    _compact([q for (q,) in pending]),
                 ),
             )
             self._audit(
@@ -891,7 +910,8 @@ class SQLStore(SQLCoordination):
 
     def _checkpoint(self, db: Conn, task_id: str, n: int) -> Checkpoint:
         row = db.execute(
-            f"SELECT {self.q.checkpoint_json} FROM checkpoints c WHERE c.task = ? AND c.n = ?",
+            f"SELECT {self.q.checkpoint_json} FROM checkpoints c{self.q.checkpoints}"
+            " WHERE c.task = ? AND c.n = ?",
             (task_id, n),
         ).fetchone()
         if row is None:
@@ -907,7 +927,8 @@ class SQLStore(SQLCoordination):
     def checkpoints(self, task_id: str) -> list[Checkpoint]:
         with self._read() as db:
             rows = db.execute(
-                f"SELECT {self.q.checkpoint_json} FROM checkpoints c WHERE c.task = ? ORDER BY c.n",
+                f"SELECT {self.q.checkpoint_json} FROM checkpoints c{self.q.checkpoints}"
+                " WHERE c.task = ? ORDER BY c.n",
                 (task_id,),
             ).fetchall()
         return [Checkpoint.from_json(json.loads(r[0])) for r in rows]
@@ -1039,7 +1060,7 @@ class SQLStore(SQLCoordination):
             return self._fetch(db, task_id)
 
     def claims(self, owner: str | None = None) -> list[Task]:
-        sql = f"SELECT {self.q.task_json} FROM tasks t WHERE t.claimed_by IS NOT NULL"
+        sql = f"SELECT {self.q.task_json} FROM tasks t{self.q.tasks} WHERE t.claimed_by IS NOT NULL"
         args: tuple[str, ...] = ()
         if owner is not None:
             sql += " AND t.claimed_by = ?"
@@ -1054,7 +1075,7 @@ class SQLStore(SQLCoordination):
         d = self.dialect
         with self._read() as db:
             rows = db.execute(
-                f"SELECT {self.q.task_json} FROM tasks t WHERE t.claimed_by = ?"
+                f"SELECT {self.q.task_json} FROM tasks t{self.q.tasks} WHERE t.claimed_by = ?"
                 f" AND t.lease_until IS NOT NULL AND (t.lease_until < {d.time_sql}"
                 " OR (? IS NOT NULL AND t.claim_boot IS NOT NULL AND t.claim_boot <> ?))"
                 " ORDER BY t.seq",
@@ -1484,7 +1505,8 @@ class SQLStore(SQLCoordination):
 
     def pending_merges(self) -> list[Task]:
         # Served by the tasks_claim_order index (status first): cheap on every dispatch pass.
-        sql = f"SELECT {self.q.task_json} FROM tasks t WHERE t.status = 'merging' ORDER BY t.seq"
+        sql = f"SELECT {self.q.task_json} FROM tasks t{self.q.tasks}"
+        " WHERE t.status = 'merging' ORDER BY t.seq"
         with self._read() as db:
             rows = db.execute(sql).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
@@ -1605,7 +1627,7 @@ class SQLStore(SQLCoordination):
                         task.attempts,
                         kind.value,
                         text,
-                        json.dumps(list(options)),
+                        _compact(list(options)),
                         int(multi_select),
                         now,
                         expires_at,
@@ -1620,7 +1642,10 @@ class SQLStore(SQLCoordination):
             return self._question(db, qid)
 
     def _question(self, db: Conn, qid: str) -> Question:
-        row = db.execute(f"SELECT {self.q.question_json} FROM questions q WHERE q.id = ?", (qid,))
+        row = db.execute(
+            f"SELECT {self.q.question_json} FROM questions q{self.q.questions} WHERE q.id = ?",
+            (qid,),
+        )
         found = row.fetchone()
         if found is None:
             raise NotFound(f"no question {qid}", hint="`fleet questions --all` lists them all")
@@ -1650,7 +1675,7 @@ class SQLStore(SQLCoordination):
         if task_id is not None:
             where.append("q.task = ?")
             args.append(task_id)
-        sql = f"SELECT {self.q.question_json} FROM questions q"
+        sql = f"SELECT {self.q.question_json} FROM questions q{self.q.questions}"
         if where:
             sql += " WHERE " + " AND ".join(where)
         with self._read() as db:
@@ -1674,7 +1699,7 @@ class SQLStore(SQLCoordination):
                 " WHERE id = ? AND status = 'pending' RETURNING task",
                 (
                     answer,
-                    json.dumps(list(choices)),
+                    _compact(list(choices)),
                     None if approved is None else int(approved),
                     comment,
                     by,
