@@ -29,7 +29,7 @@ from fleet import budget, containment, live, systemd, wake
 from fleet.config import Config
 from fleet.errors import FleetError
 from fleet.host import boot_id, owner
-from fleet.model import AttemptEnd
+from fleet.model import AttemptEnd, Task
 from fleet.paths import Paths, Scope
 from fleet.store import Store
 
@@ -57,11 +57,18 @@ def dispatch_lock(paths: Paths, wait: bool = True) -> Iterator[None]:
         os.close(fd)
 
 
-def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> list[str]:
+def recover(
+    store: Store,
+    scope: Scope,
+    me: str,
+    paths: Paths | None = None,
+    config: Config | None = None,
+) -> list[str]:
     """Release the claims of this host whose attempt was lost (made in an earlier boot of it,
     or with the lease run out, and the unit gone), with what it spent as its live figures in
     `paths` last had it. Leases are compared by the store's clock (the database's, on
-    PostgreSQL)."""
+    PostgreSQL). An attempt that did end, but whose runner and reaper found the store away
+    (an outage), left its outcome file: it is settled from that file instead, once."""
     stale = store.stale_claims(me, boot_id())
     if not stale:
         return []
@@ -69,6 +76,9 @@ def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> 
     recovered = []
     for task in stale:
         if alive.get(task.id, ("inactive", ""))[0] in systemd.ALIVE:
+            continue
+        if paths is not None and config is not None and settled_late(paths, store, config, task):
+            recovered.append(task.id)
             continue
         # What the lost attempt spent, as far as its runner published it (fleet.live).
         from fleet.usage import attempt_end
@@ -81,13 +91,31 @@ def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> 
     return recovered
 
 
+def settled_late(paths: Paths, store: Store, config: Config, task: Task) -> bool:
+    """Settle the ended attempt of `task` from its outcome file, if it left one that its
+    runner could have settled itself (fleet.programs: not a stop by systemd, which only
+    fleet-reap can tell apart); whether it did."""
+    from fleet import outcome, reap, taskdir
+
+    found = outcome.read(taskdir.task_dir(paths, task.id))
+    if (
+        found is None
+        or found.attempt != task.attempts
+        or found.verdict == "refused"
+        or (found.stopped_by or "").startswith("signal")
+        or (found.signal and not found.stopped_by)
+    ):
+        return False
+    return reap.settle(paths, store, config, task.id) is not None
+
+
 def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: bool = True) -> Pass:
     """One pass; with `wait=False`, raises Busy at once if another pass is under way."""
     me = owner()
     with dispatch_lock(paths, wait):
         wake.consume(paths)
         try:
-            recovered = recover(store, scope, me, paths)
+            recovered = recover(store, scope, me, paths, config)
             budget.check(store, config)  # close the gates of coders over their daily budget
             running = len(store.claims(me))
             free = config.get_int("max_concurrent") - running
