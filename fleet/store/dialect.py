@@ -59,6 +59,7 @@ class Dialect(NamedTuple):  # not a dataclass: importing dataclasses costs every
     no_limit: int | None  # a LIMIT that limits nothing
     seconds_between: Callable[[str, str], str]  # (later, earlier) ISO times
     skip_locked: str  # after a claim's SELECT: how concurrent claimers pass each other
+    writes_in_with: bool  # whether a WITH may hold INSERTs and UPDATEs (a claim in one go)
     time_sql: str  # an ISO time, `time_arg(seconds)` from now
     time_arg: Callable[[float], Any]
 
@@ -83,6 +84,7 @@ SQLITE = Dialect(
     no_limit=-1,
     seconds_between=lambda a, b: f"(julianday({a}) - julianday({b})) * 86400.0",
     skip_locked="",  # a write holds the whole database
+    writes_in_with=False,
     time_sql="?",
     time_arg=_host_time,
 )
@@ -120,6 +122,7 @@ POSTGRES = Dialect(
         f"extract(epoch FROM ({a})::timestamptz - ({b})::timestamptz)::double precision"
     ),
     skip_locked=" FOR UPDATE OF t SKIP LOCKED",
+    writes_in_with=True,
     time_sql=_PG_TIME,
     time_arg=lambda seconds: float(seconds),
 )

@@ -60,6 +60,7 @@ class _Conn:
         self._binder = psycopg.ClientCursor(conn)
         self.begin = b""  # a write's BEGIN, until its first statement carries it
         self.begun = False  # whether the server has the write's transaction open
+        self.committed = False  # whether a write's last statement carried its COMMIT
 
     def _bound(self, sql: str, parameters: Any) -> bytes:
         return self._binder.mogrify(pg_sql(sql), parameters).encode()
@@ -76,12 +77,31 @@ class _Conn:
     def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
         return self._send(self._bound(sql, parameters))
 
+    def execute_and_commit(self, sql: str, parameters: Any) -> Cursor:
+        """The write's last statement, its COMMIT sent along: its rows."""
+        query = self.begin + b"; " if self.begin else b""
+        self.begin, self.begun = b"", True
+        cur = self._conn.execute(query + self._bound(sql, parameters) + b"; COMMIT")
+        rows = _Rows([])
+        while True:
+            if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
+                rows = _Rows(cur.fetchall())
+            if not cur.nextset():
+                break
+        self.begun, self.committed = False, True
+        return rows
+
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> Any:
         rows = [self._bound(sql, p) for p in parameters]
         if rows:
             self._send(b"; ".join(rows))
 
     def commit(self, later: list[tuple[str, tuple[Any, ...]]]) -> None:
+        if self.committed:
+            self.committed = False
+            if later:  # a bug: `_last` was not the last write
+                raise StoreError("a write had more to commit after its last statement")
+            return
         statements = [self._bound(sql, args) for sql, args in later]
         if self.begin and not statements:
             self.begin = b""  # the transaction did nothing: nothing to begin or commit
@@ -90,11 +110,28 @@ class _Conn:
         self.begun = False
 
     def rollback(self) -> None:
-        self.begin = b""
+        self.begin, self.committed = b"", False
         if self.begun and not self._conn.closed:
             self.begun = False
             with suppress(psycopg.Error):
                 self._conn.execute(b"ROLLBACK")
+
+
+class _Rows:
+    """Rows already fetched, as a cursor gives them."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        self._rows = rows
+        self.rowcount = len(rows)
+
+    def fetchone(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
 
 
 def describe(url: str) -> tuple[str, str | None]:
@@ -273,6 +310,9 @@ class PGStore(SQLStore):
                 os.utime(self._lock_fd)
         trail, self._trail = self._trail, []
         audit.journal(trail, self.actor.program)
+
+    def _last(self, db: Conn, sql: str, args: tuple[Any, ...]) -> Cursor:
+        return self._db.execute_and_commit(sql, args)
 
     @contextmanager
     def _read(self) -> Iterator[Conn]:

@@ -64,7 +64,7 @@ from fleet.store.base import (
     is_merge_claim,
 )
 from fleet.store.coord import SQLCoordination
-from fleet.store.dialect import Conn, Dialect
+from fleet.store.dialect import Conn, Cursor, Dialect
 from fleet.timeutil import iso, now_iso
 
 DONE_ACTION = {
@@ -957,10 +957,9 @@ class SQLStore(SQLCoordination):
         )
         args = (d.time_arg(0), default_coder, d.time_arg(0))
         with self._write(shared=True) as db:
-            claimed = self._claim(
+            return self._claim(
                 db, where, args, n, owner, lease_s, default_coder, default_model, boot
             )
-            return [self._fetch(db, t) for t in claimed]
 
     def claim_task(
         self,
@@ -975,11 +974,10 @@ class SQLStore(SQLCoordination):
         with self._write(shared=True) as db:
             where = f"t.id = ? AND {READY_WHERE}"
             args = (task_id,)
-            if not self._claim(
+            claimed = self._claim(
                 db, where, args, 1, owner, lease_s, default_coder, default_model, boot
-            ):
-                return None
-            return self._fetch(db, task_id)
+            )
+            return claimed[0] if claimed else None
 
     def _claim(
         self,
@@ -992,38 +990,44 @@ class SQLStore(SQLCoordination):
         default_coder: str,
         default_model: str | None,
         boot: str | None,
-    ) -> list[str]:
+    ) -> list[Task]:
         """Claim the first `n` ready tasks `where` says, in claim order, in one statement: the
         owner, the attempt, the lease, by the store's clock, and the boot of the owner's host
         the claim is made in (its dialect's lock lets concurrent claimers pass over each
         other's picks instead of waiting for them)."""
         now = now_iso()
         d = self.dialect
-        rows = db.execute(
-            # Picked once (MATERIALIZED), then claimed: a subquery in the UPDATE's WHERE may be
-            # run again for each row it scans, and hand out more than its LIMIT. The state the
-            # claim expects is checked where it picks (PostgreSQL checks it again on the row
-            # it locks), not in the UPDATE's WHERE, which would make SQLite scan every ready
-            # task by status instead of looking the picked ones up by id.
+        # Picked once (MATERIALIZED), then claimed: a subquery in the UPDATE's WHERE may be
+        # run again for each row it scans, and hand out more than its LIMIT. The state the
+        # claim expects is checked where it picks (PostgreSQL checks it again on the row it
+        # locks), not in the UPDATE's WHERE, which would make SQLite scan every ready task by
+        # status instead of looking the picked ones up by id.
+        picked = (
             "WITH picked AS MATERIALIZED (SELECT t.id FROM tasks t"
             f" WHERE {where} AND t.claimed_by IS NULL ORDER BY t.priority, t.seq"
             f" LIMIT ?{d.skip_locked})"
-            f" UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = {d.time_sql},"
+        )
+        update = (
+            f"UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = {d.time_sql},"
             " claim_boot = ?, attempts = attempts + 1, coder = COALESCE(coder, ?),"
             " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
             " updated_at = ? WHERE id IN (SELECT id FROM picked)"
-            " RETURNING id, attempts, coder, model, priority, seq",
-            (
-                *args,
-                n,
-                owner,
-                d.time_arg(lease_s),
-                boot,
-                default_coder,
-                default_model or None,
-                now,
-                now,
-            ),
+        )
+        values = (
+            *args,
+            n,
+            owner,
+            d.time_arg(lease_s),
+            boot,
+            default_coder,
+            default_model or None,
+            now,
+            now,
+        )
+        if d.writes_in_with:
+            return self._claim_at_once(db, picked, update, values, owner, now, boot)
+        rows = db.execute(
+            f"{picked} {update} RETURNING id, attempts, coder, model, priority, seq", values
         ).fetchall()
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING keeps no order
         if rows:  # one statement, sent with the commit (see _later)
@@ -1040,7 +1044,44 @@ class SQLStore(SQLCoordination):
             )
         for task_id, attempt, *_ in rows:
             self._audit(db, task_id, "claimed", attempt=attempt, owner=owner, boot=boot)
-        return [r[0] for r in rows]
+        return [self._fetch(db, r[0]) for r in rows]
+
+    def _claim_at_once(
+        self,
+        db: Conn,
+        picked: str,
+        update: str,
+        values: tuple[Any, ...],
+        owner: str,
+        now: str,
+        boot: str | None,
+    ) -> list[Task]:
+        """`_claim` where a WITH may write (PostgreSQL): the claim, its attempt rows, its audit
+        rows and the claimed tasks' JSON in one statement, sent with the commit: one round
+        trip, where three (claim, read back, commit) made claimers wait on each other."""
+        # The audit detail as `_audit` writes it: {"attempt": N, "owner": …, "boot": …}.
+        rest = {"owner": owner, "boot": boot} if boot is not None else {"owner": owner}
+        detail_tail = ", " + json.dumps(rest, ensure_ascii=False)[1:]
+        rows = self._last(
+            db,
+            f"{picked}, claimed AS ({update} RETURNING *),"
+            " attempt AS (INSERT INTO attempts (task, n, owner, started_at, coder, model)"
+            " SELECT id, attempts, ?, ?, coder, model FROM claimed),"
+            " noted AS (INSERT INTO audit (task, at, action, by, detail)"
+            " SELECT id, ?, 'claimed', ?, '{\"attempt\": ' || attempts || ? FROM claimed)"
+            f" SELECT {self.q.task_json} FROM claimed t{self.q.tasks} ORDER BY t.priority, t.seq",
+            (*values, owner, now, now, self.actor.by, detail_tail),
+        ).fetchall()
+        tasks = [Task.from_json(json.loads(r[0])) for r in rows]
+        for task in tasks:
+            detail = {"attempt": task.attempts, **rest}
+            self._trail.append(audit.Row(task.id, "claimed", self.actor.by, detail))
+        return tasks
+
+    def _last(self, db: Conn, sql: str, args: tuple[Any, ...]) -> Cursor:
+        """The last statement of a write that has nothing for its commit (`_later`): a backend
+        may send the commit with it."""
+        return db.execute(sql, args)
 
     def set_worktree(self, task_id: str, owner: str, branch: str, worktree: str) -> Task:
         with self._write() as db:
