@@ -647,6 +647,9 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
             if exited and not eof and now >= drain_until:
                 signal_group(proc.pid, signal.SIGKILL)
                 eof = True
+            # No database connection held between uses (a renewal every third of the lease):
+            # one per running agent on every host would use up a shared server's slots.
+            run.store.rest()
         run.flush()
         if run.kept.left():
             run.kept.retry()
