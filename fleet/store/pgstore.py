@@ -130,6 +130,10 @@ class _Rows:
     def fetchall(self) -> list[Any]:
         return self._rows
 
+    def fetchmany(self, size: int) -> list[Any]:
+        taken, self._rows = self._rows[:size], self._rows[size:]
+        return taken
+
     def __iter__(self) -> Iterator[Any]:
         return iter(self._rows)
 

@@ -352,8 +352,12 @@ class SQLStore(SQLCoordination):
     def list_json(self, flt: TaskFilter) -> Iterator[str]:
         sql, args = self._list_sql(flt)
         with self._read() as db:
-            for (text,) in db.execute(sql, args):
-                yield text
+            cur = db.execute(sql, args)
+            # A thousand rows at a time: a row at a time through psycopg's cursor was a fifth
+            # of `fleet ls --json` on 100,000 tasks.
+            while rows := cur.fetchmany(1000):
+                for (text,) in rows:
+                    yield text
 
     def tasks(self, flt: TaskFilter) -> Iterator[Task]:
         for text in self.list_json(flt):
