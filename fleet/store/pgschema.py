@@ -14,6 +14,8 @@ here, under the same number, in the same commit (tests/test_store.py compares th
 
 from __future__ import annotations
 
+from fleet.store import pgnotify
+
 T = 'TEXT COLLATE "C"'
 
 # SQLite's schema version 8, in one step.
@@ -317,7 +319,35 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 16: the task's own resource limits (fleet.limits), a JSON object; null: none.
     (f"ALTER TABLE tasks ADD COLUMN limits {T}",),
-    # 17: records' JSON the same bytes as SQLite's (fleet.store.dialect): a REAL printed as
+    # 17: the hosts that share the queue; the host of a task's newest claim; its lost streak.
+    (
+        f"""CREATE TABLE hosts (
+            name {T} PRIMARY KEY,
+            machine_id {T},
+            boot_id {T},
+            labels {T} NOT NULL DEFAULT '[]',
+            max_concurrent INTEGER NOT NULL,
+            last_seen {T} NOT NULL
+        )""",
+        f"ALTER TABLE tasks ADD COLUMN host {T}",
+        "ALTER TABLE tasks ADD COLUMN lost_streak INTEGER NOT NULL DEFAULT 0",
+        "UPDATE tasks SET host = (SELECT a.owner FROM attempts a WHERE a.task = tasks.id"
+        " ORDER BY a.n DESC LIMIT 1)",
+    ),
+    # 18: kill requests for the host that runs the attempt, and the NOTIFY triggers of the
+    # hosts' listeners (fleet.store.pgnotify).
+    (
+        f"""CREATE TABLE kill_requests (
+            task {T} NOT NULL REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            owner {T} NOT NULL,
+            requested_by {T} NOT NULL,
+            requested_at {T} NOT NULL,
+            PRIMARY KEY (task, attempt)
+        )""",
+        *pgnotify.MIGRATION,
+    ),
+    # 19: records' JSON the same bytes as SQLite's (fleet.store.dialect): a REAL printed as
     # SQLite's %!.15g (`1.0`, `0.3`, `2.5e-07`; a float8's numeric has those 15 digits), and
     # the JSON columns written before rewritten compact (labels and ids hold no quotes or
     # spaces; limits' values no ", " or ": ").
