@@ -20,7 +20,7 @@ from fleet.model import AttemptEnd, Status, TaskEdit, TaskSpec
 from fleet.paths import resolve
 from fleet.store import Store, TaskFilter, open_store
 from fleet.store.base import BadSpec
-from fleet.store.schema import VERSION
+from fleet.store.schema import MIGRATIONS, VERSION
 from fleet.timeutil import parse
 from tests.conftest import (
     Fleet,
@@ -679,3 +679,33 @@ def test_ls_json_is_the_same_bytes_on_both_stores(
     sqlite, postgresql = outputs
     assert '"cost":0.3,' in sqlite and '"cost":1.0e+20,' in sqlite  # SQLite's %!.15g
     assert sqlite == postgresql
+
+
+def test_json_columns_written_before_are_listed_compact_after_the_migration(
+    backend: str, home: Path, fleet: Fleet, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    from tests.conftest import pg_store_at_version
+
+    # The schema just before that migration (found by what it does: versions move on merge).
+    before = next(
+        i for i, step in enumerate(MIGRATIONS) if "merged_from = json(merged_from)" in step[0]
+    )
+    at = "'2026-11-30T10:00:00.000Z'"
+    insert = (
+        "INSERT INTO tasks (id, title, cwd, created_at, updated_at, labels, merged_from, limits)"
+        f" VALUES ('fl-aaaaaa', 'old', '/', {at}, {at}, '[\"a\", \"b\"]',"
+        ' \'["fl-bbbbbb", "fl-cccccc"]\', \'{"memory_max": "1G", "cpu_weight": 50}\')'
+    )
+    if backend == "postgresql":
+        cluster = request.getfixturevalue("pg_cluster")
+        monkeypatch.setenv("FLEET_STORE", pg_store_at_version(cluster, before, insert))
+    else:
+        db = store_at_version(home, before)
+        db.execute(insert)
+        db.commit()
+        db.close()
+    (line,) = [t for t in fleet.ok("ls", "--json").splitlines() if "fl-aaaaaa" in t]
+    assert '"labels":["a","b"]' in line
+    assert '"merged_from":["fl-bbbbbb","fl-cccccc"]' in line
+    assert '"limits":{"memory_max":"1G","cpu_weight":50}' in line
