@@ -497,3 +497,6 @@ def test_the_dashboard_names_each_tasks_host_and_lists_the_hosts(
     assert re.search(r"h1</td><td><span[^>]*>alive</span></td><td>1/2</td>", hosts)
     assert re.search(r"h2</td><td><span[^>]*>silent</span></td><td>0/4</td>", hosts)
     assert '<span class="label">gpu</span>' in hosts
+    task = web.get(f"/tasks/{task_id}").text
+    assert '<dt>host</dt><dd class="mono">h1</dd>' in task
+    assert re.search(r'<td>1</td>\s*<td class="mono">h1</td>', task)
