@@ -79,20 +79,26 @@ def _task_ids(words: Iterable[str]) -> list[str]:
 @contextmanager
 def _cut_after(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
     """Run the block with the connection's socket shut down after `seconds`: a query to a
-    server that went silent fails then, instead of waiting on TCP's own timeouts."""
+    server that went silent fails then (as Lost), instead of waiting on TCP's own timeouts."""
     fd = conn.fileno()
+    cut = threading.Event()
 
-    def cut() -> None:
+    def shut() -> None:
+        cut.set()
         with suppress(OSError):
             sock = socket.socket(fileno=os.dup(fd))
             sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
-    timer = threading.Timer(seconds, cut)
+    timer = threading.Timer(seconds, shut)
     timer.daemon = True
     timer.start()
     try:
         yield
+    except psycopg.Error:
+        if cut.is_set():
+            raise Lost(f"no answer from the server within {seconds:g} s") from None
+        raise
     finally:
         timer.cancel()
 
