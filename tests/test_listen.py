@@ -105,6 +105,8 @@ def test_an_idle_host_holds_one_connection_its_listener_under_a_watchdog(hosts: 
             " AND pid <> pg_backend_pid()"
         ).fetchall()
     assert held == [("fleet-listen",)]
+    doctor = b("doctor", check=False).stdout
+    assert f"{LISTEN}: active" in doctor, doctor
     shown = b.box.systemctl("show", "-p", "WatchdogUSec,StatusText,Type", LISTEN).stdout
     assert "WatchdogUSec=30s" in shown and "Type=notify" in shown
     b.box.wait_for(
