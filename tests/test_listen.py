@@ -105,7 +105,7 @@ def test_an_idle_host_holds_one_connection_its_listener_under_a_watchdog(hosts: 
             " AND pid <> pg_backend_pid()"
         ).fetchall()
     assert held == [("fleet-listen",)]
-    doctor = b("doctor", check=False).stdout
+    doctor = b("doctor", "--system", check=False).stdout
     assert f"{LISTEN}: active" in doctor, doctor
     shown = b.box.systemctl("show", "-p", "WatchdogUSec,StatusText,Type", LISTEN).stdout
     assert "WatchdogUSec=30s" in shown and "Type=notify" in shown
@@ -203,6 +203,16 @@ def test_a_kill_on_another_host_stops_the_agent_here(hosts: Hosts) -> None:
     trail = [json.loads(line) for line in hosts.a("history", task_id, "--nl").stdout.splitlines()]
     (asked,) = [e for e in trail if e["action"] == "kill-requested"]
     assert asked["detail"]["host"] == HOST_B
+
+
+def test_a_cancel_on_another_host_stops_the_agent_here_too(hosts: Hosts) -> None:
+    b = hosts.b
+    task_id = running_on_b(hosts, "7104")
+    hosts.a("cancel", task_id, "--reason", "not needed")
+    assert b.wait(task_id) == 1
+    assert b.show(task_id)["status"] == "cancelled"
+    assert b.box.run("pgrep", "-f", "sleep 7104", check=False).stdout == ""
+    b.box.wait_for(lambda: unit_empty(b.box, task_id), what=f"{task_id}'s cgroup empty")
 
 
 def test_a_kill_requested_while_the_listener_is_down_is_kept_until_it_is_back(
