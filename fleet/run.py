@@ -786,6 +786,8 @@ class Runner:
         names = self.config.values["secret_variables"]
         # API keys from systemd credentials (fleet.credentials): secrets whatever their names.
         from fleet.credentials import load as load_credentials
+        from fleet.store import store_url
+        from fleet.store.pgauth import url_passwords
         from fleet.systemd import current_scope
 
         self.secrets = load_credentials(self.config.values, self.coder_name, current_scope())
@@ -793,6 +795,7 @@ class Runner:
             [
                 *secret_values({**os.environ, **coder_env}, names),
                 *secret_values(self.secrets, self.secrets),
+                *url_passwords(store_url(self.paths)),
             ]
         )
         # By hand (no journal), `fleet logs` reads the events from the task's directory instead.

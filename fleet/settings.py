@@ -107,7 +107,8 @@ class Setting(NamedTuple):
                 entry(key, price, where)
         if self.pattern and not re.fullmatch(self.pattern, value):
             raise ConfigError(
-                f"{where}: {self.name} must look like {self.example or self.pattern}, not {value!r}"
+                f"{where}: {self.name} must look like {self.example or self.pattern},"
+                f" not {shown(self.name, value)!r}"
             )
         if self.kind == "int":
             if self.minimum is not None and value < self.minimum:
@@ -211,6 +212,29 @@ SETTINGS: tuple[Setting, ...] = (
         " transaction pooling): no listener, answers and kills arrive with the runner's next"
         " lease renewal (every lease_seconds / 3) and new work with fleet-claim.timer (30 s).",
         choices=("listen", "poll"),
+    ),
+    Setting(
+        "store_passfile",
+        "str",
+        "",
+        "A libpq password file (.pgpass format: HOST:PORT:DATABASE:USER:PASSWORD, mode 0600)"
+        " for the PostgreSQL store, handed to libpq as the connection's passfile. In system"
+        " scope `fleet setup` makes it a systemd credential of every unit that opens the store"
+        " (LoadCredentialEncrypted= for a *.cred made by systemd-creds encrypt), so the file"
+        " may be root's alone. Empty: libpq's own ~/.pgpass or PGPASSFILE.",
+        pattern=r"((/|~/).*)?",
+        example="an absolute path, such as /etc/fleet/pgpass",
+    ),
+    Setting(
+        "journal_dir",
+        "str",
+        "",
+        "A directory of journal files that `fleet logs` reads transcripts from instead of"
+        " this host's journal: the output directory of a central systemd-journal-remote,"
+        " which systemd-journal-upload on every host feeds (`fleet setup --journal-upload"
+        " URL`). Empty: this host's journal only.",
+        pattern=r"(/.*)?",
+        example="an absolute path, such as /var/log/journal/remote",
     ),
     Setting("max_concurrent", "int", 4, "How many tasks may run at once on this host.", 1, 1024),
     Setting(
@@ -525,6 +549,34 @@ SETTINGS: tuple[Setting, ...] = (
         " the first dispatch pass after the boot, without waiting.",
         10,
         86400,
+    ),
+    Setting(
+        "host_dead_after",
+        "int",
+        0,
+        "Seconds a host may be silent (no dispatch pass, no lease renewal) before another host"
+        " sharing the queue recovers its claims whose leases have run out (their tasks run"
+        " again elsewhere). Must exceed lease_seconds plus the renew period (a third of"
+        " lease_seconds), so a host that is only slow is never taken for dead; 0 means five"
+        " times lease_seconds (300 s with the default lease).",
+        0,
+        7 * 86400,
+    ),
+    Setting(
+        "max_lost",
+        "int",
+        3,
+        "After this many attempts in a row ended lost (their host or runner gone), the task"
+        " is blocked instead of run again; any other end of an attempt resets the count.",
+        1,
+        1000,
+    ),
+    Setting(
+        "host_labels",
+        "list",
+        [],
+        "Labels this host advertises to the queue (`fleet hosts` lists them): a task added"
+        " with --needs LABEL runs only on a host that has it.",
     ),
     Setting(
         "handoff_offers",

@@ -15,6 +15,7 @@ from fleet import __version__, credentials
 from fleet import unitsyntax as syntax
 from fleet.config import Config
 from fleet.paths import Paths, Scope
+from fleet.store import pgauth
 
 STAMP = f"# Installed by fleet {__version__} (fleet setup); re-run `fleet setup` after changes."
 # Every instance logs its whole transcript: far above journald's default 10,000 per 30 s.
@@ -30,6 +31,7 @@ class Install(NamedTuple):
     web: bool = False  # fleet-web.socket and fleet-web.service too
     path: str | None = None  # PATH of every unit; None: the manager's own
     listen: bool = False  # fleet-listen.service too (a PostgreSQL store, wakeups = "listen")
+    libpq: tuple[tuple[str, str], ...] = ()  # PG* variables of the units (fleet.store.pgauth)
 
 
 RECORD_FILE = "setup.json"
@@ -40,6 +42,7 @@ class Recorded(NamedTuple):
 
     path: str | None = None
     run_as: str | None = None
+    libpq: tuple[tuple[str, str], ...] = ()
 
 
 def record(paths: Paths, recorded: Recorded) -> None:
@@ -47,7 +50,7 @@ def record(paths: Paths, recorded: Recorded) -> None:
 
     from fleet.fsutil import write_atomic
 
-    text = json.dumps(recorded._asdict(), indent=1) + "\n"
+    text = json.dumps({**recorded._asdict(), "libpq": dict(recorded.libpq)}, indent=1) + "\n"
     write_atomic(paths.home / RECORD_FILE, text.encode())
 
 
@@ -62,9 +65,13 @@ def recorded(paths: Paths) -> Recorded:
     if not isinstance(values, dict):
         return Recorded()
     path, run_as = values.get("path"), values.get("run_as")
+    libpq = values.get("libpq")
     return Recorded(
         path if isinstance(path, str) and path else None,
         run_as if isinstance(run_as, str) and run_as else None,
+        tuple((k, v) for k, v in libpq.items() if isinstance(v, str))
+        if isinstance(libpq, dict)
+        else (),
     )
 
 
@@ -91,9 +98,17 @@ def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
     return root.expanduser() / "systemd" / "user"
 
 
-def _environment(inst: Install) -> str:
+def _environment(inst: Install, config: Config) -> str:
+    """The environment of a unit that opens the store: FLEET_HOME, the scope, the recorded
+    PATH and libpq variables, and in system scope the store's password file as a credential
+    (fleet.store.pgauth), which follows on a line of its own."""
     search = {"PATH": inst.path} if inst.path else {}
-    return syntax.environment(FLEET_HOME=str(inst.paths.home), FLEET_SCOPE=inst.scope, **search)
+    line = syntax.environment(
+        FLEET_HOME=str(inst.paths.home), FLEET_SCOPE=inst.scope, **search, **dict(inst.libpq)
+    )
+    if inst.scope != "system":
+        return line
+    return "\n".join([line, *pgauth.unit_lines(config.values)])
 
 
 def _program(inst: Install, name: str) -> str:
@@ -128,7 +143,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "[Service]",
             "Type=notify",
             "NotifyAccess=main",
-            _environment(inst),
+            _environment(inst, config),
             *user,
             *(credentials.unit_lines(config.values) if inst.scope == "system" else []),
             f"ExecStart={_program(inst, 'fleet-run')} %i",
@@ -163,7 +178,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "",
             "[Service]",
             "Type=oneshot",
-            _environment(inst),
+            _environment(inst, config),
             *user,
             f"ExecStart={_program(inst, 'fleet')} schedule fire %i",
         ],
@@ -185,7 +200,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "",
             "[Service]",
             "Type=oneshot",
-            _environment(inst),
+            _environment(inst, config),
             # Root even with --run-as: only root starts system units without asking polkit.
             # It uses the state directory as its owner (fleet.runas).
             f"ExecStart={_program(inst, 'fleet-claim')} --quiet",
@@ -220,7 +235,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
         ],
     }
     if inst.listen:
-        units[LISTEN] = _listen(inst, user, target)
+        units[LISTEN] = _listen(inst, config, user, target)
     if inst.telegram:
         units[TELEGRAM] = _telegram(inst, config, user, target)
     if inst.web:
@@ -242,7 +257,7 @@ def wants_listener(paths: Paths, config: Config) -> bool:
     return listening and store_url(paths).startswith(POSTGRES_SCHEMES)
 
 
-def _listen(inst: Install, user: list[str], target: str) -> list[str]:
+def _listen(inst: Install, config: Config, user: list[str], target: str) -> list[str]:
     """fleet-listen.service: one per host, always restarted; its watchdog catches a listener
     stuck anywhere (its own checks catch a connection that stopped delivering)."""
     system = inst.scope == "system"
@@ -257,7 +272,7 @@ def _listen(inst: Install, user: list[str], target: str) -> list[str]:
         "[Service]",
         "Type=notify",
         "NotifyAccess=main",
-        _environment(inst),
+        _environment(inst, config),
         *user,
         f"ExecStart={_program(inst, 'fleet-listen')}",
         f"WatchdogSec={LISTEN_WATCHDOG_S}",
@@ -315,7 +330,7 @@ def _telegram(inst: Install, config: Config, user: list[str], target: str) -> li
         "[Service]",
         "Type=notify",
         "NotifyAccess=main",
-        _environment(inst),
+        _environment(inst, config),
         *user,
         *credential,
         f"ExecStart={_program(inst, 'fleet-telegram')}",
@@ -371,7 +386,7 @@ def _web(inst: Install, config: Config, user: list[str]) -> dict[str, list[str]]
             "[Service]",
             "Type=notify",
             "NotifyAccess=main",
-            _environment(inst),
+            _environment(inst, config),
             *user,
             f"ExecStart={_program(inst, 'fleet')} web",
             "Restart=on-failure",
