@@ -232,7 +232,7 @@ class Listener:
 def serve() -> None:
     """fleet-listen's work: listen to this FLEET_HOME's PostgreSQL store until stopped."""
     from fleet.paths import resolve
-    from fleet.store import POSTGRES_SCHEMES, store_url
+    from fleet.store import POSTGRES_SCHEMES, libpq_url, store_url
 
     paths = resolve()
     url = store_url(paths)
@@ -242,4 +242,4 @@ def serve() -> None:
             " wake-ups are local files already",
             hint='set store = "postgresql://…" (fleet config set store=…), then fleet setup',
         )
-    Listener(paths, url).serve()
+    Listener(paths, libpq_url(paths, url)).serve()
