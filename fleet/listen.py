@@ -3,8 +3,9 @@
 It holds one direct connection with LISTEN on fleet.store.pgnotify's channel and turns each
 notification into the local file the single-host path already uses: the wake file
 (fleet.wake) for `ready`, the task's `.question` sentinel for `answer` and its `.kill` for
-`kill`, when this host holds the claim. So fleet-claim.path, the runner and fleet-ask wait on
-inotify as they do on one host, and nothing here decides anything.
+`kill`, when this host holds the claim; and, for every notification, it touches `fleet.lock`
+as a local commit does. So fleet-claim.path, the runner, fleet-ask, `fleet wait` and the
+dashboard wait on inotify as they do on one host, and nothing here decides anything.
 
 Invariants:
 - it never misses a change for long: notifications sent while it is not listening are lost,
@@ -198,22 +199,29 @@ class Listener:
         with _cut_after(conn, PING_TIMEOUT_S):
             kills = conn.execute(pg_sql(signals.KILLS_OF).encode(), (self.me,)).fetchall()
             settled = conn.execute(pg_sql(signals.SETTLED_OF).encode(), (self.me,)).fetchall()
+        with suppress(FileNotFoundError):
+            os.utime(self.paths.lock)  # whatever changed meanwhile: watchers look again
         wake.poke(self.paths)
         self.ring_questions(_task_ids(str(r[0]) for r in settled))
         self.ring_kills(_task_ids(str(r[0]) for r in kills))
 
     def act(self, payloads: Iterable[str]) -> None:
         """Ring what the notifications ask for, each file once however many asked."""
-        ready = False
-        asked: dict[str, list[str]] = {"answer": [], "kill": []}
+        heard = ready = False
+        asked: dict[str, list[str]] = {"answer": [], "kill": [], "changed": []}
         for payload in payloads:
             note = pgnotify.parse(payload)
             if note is None:
                 continue
+            heard = True
             if note.kind == "ready":
                 ready = True
             elif note.host == self.me:
                 asked[note.kind].extend(_task_ids(note.ids))
+        if heard:
+            # What a local commit touches: this host's watchers of the store look again.
+            with suppress(FileNotFoundError):
+                os.utime(self.paths.lock)
         if ready:
             wake.poke(self.paths)
         self.ring_questions(asked["answer"])

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,42 @@ def test_an_answer_given_while_the_listener_was_cut_off_arrives_when_it_reconnec
     assert after is not None and after != before
     said = [e["MESSAGE"] for e in b.box.journal("-u", LISTEN)]
     assert any("not listening to" in line for line in said), said
+
+
+def inotify_open(pid: int) -> bool:
+    """Whether process `pid` has an inotify instance open (it sleeps on a watch from now on)."""
+    with suppress(OSError):
+        fds = os.listdir(f"/proc/{pid}/fd")
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify" for fd in fds)
+    return False
+
+
+def test_waiting_on_another_hosts_work_wakes_through_this_hosts_listener(hosts: Hosts) -> None:
+    """Host A runs a listener of its own (outside any systemd): its `fleet wait` sleeps on A's
+    fleet.lock, which only A's listener touches when B's attempt ends."""
+    env = {**os.environ, "FLEET_HOME": str(hosts.a_home), "FLEET_STORE": hosts.url}
+    go = hosts.b.project / "go"
+    task_id = hosts.add(f"while [ ! -e {go} ]; do sleep 0.1; done")  # creates A's fleet.lock
+    hosts.b.wait_running(task_id)
+    with (hosts.a_home / "listen.err").open("wb") as err:
+        listener = subprocess.Popen([fleet_exe("fleet-listen")], env=env, stderr=err)
+    waiter = subprocess.Popen([fleet_exe(), "wait", task_id, "--timeout", "60"], env=env)
+    try:
+        wait_for(
+            lambda: "listening to" in (hosts.a_home / "listen.err").read_text(),
+            30,
+            "A's listener listening",
+        )
+        wait_for(lambda: inotify_open(waiter.pid), 30, "fleet wait asleep on A")
+        go.touch()
+        assert waiter.wait(timeout=60) == 0
+        assert hosts.b.show(task_id)["status"] == "done"
+    finally:
+        go.touch()
+        for process in (waiter, listener):
+            if process.poll() is None:
+                process.terminate()
+            process.wait(timeout=30)
 
 
 def unit_empty(box: Sandbox, task_id: str) -> bool:
@@ -367,7 +404,7 @@ def test_the_triggers_notify_what_another_host_acts_on_and_only_once_committed(
         store.clear_gate("pause")
         assert ear() == ["ready"]
         q = store.ask(first.id, QuestionKind.INPUT, "Go?", (), False, iso(time.time() + 600))
-        assert ear() == []
+        assert ear() == ["changed"]  # watchers everywhere look again
         store.answer(q.id, "person", "go")
         assert ear() == [f"answer host-1 {first.id}"]
         unclaimed = next(t for t in added if t.id not in (first.id, second.id))
@@ -377,7 +414,9 @@ def test_the_triggers_notify_what_another_host_acts_on_and_only_once_committed(
         assert store.kill_requested(first.id, first.attempts)
         assert not store.kill_requested(unclaimed.id, 0)
         store.release(first.id, "host-1", AttemptEnd("killed"), attempt=first.attempts)
-        assert ear() == ["ready"]
+        assert ear() == ["ready", "changed"]
+        store.block(second.id, "a person says so")
+        assert ear() == ["changed"]
     finally:
         store.close()
 

@@ -347,6 +347,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         *pgnotify.MIGRATION,
     ),
+    # 19: `changed` for the store's watchers on every host (fleet.store.pgnotify).
+    pgnotify.CHANGED,
 )
 
 VERSION = len(MIGRATIONS)
