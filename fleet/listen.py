@@ -16,7 +16,8 @@ Invariants:
   it notifies itself on a channel of its own and must hear that back within PING_TIMEOUT_S,
   its queries are cut off after that long (the socket is shut down under them), and TCP
   keepalives and a user timeout are in the connection's parameters. Any failure closes the
-  connection and reconnects, with a backoff (BACKOFF_MIN doubling to BACKOFF_MAX);
+  connection and reconnects, with a backoff (BACKOFF_MIN after a connection that listened,
+  doubling to BACKOFF_MAX while connecting or listening fails);
 - it pings systemd's watchdog only from its loop, so a listener stuck anywhere is restarted;
 - it is the only connection an idle host keeps open.
 
@@ -115,7 +116,7 @@ class Listener:
         self.notifier = notifier or Notifier()
         self._watchdog = self.notifier.watchdog_interval()
         self._next_watchdog = 0.0
-        self.pings = 0
+        self.listened = False  # whether the current connection got as far as listening
 
     def _scrub(self, e: BaseException) -> str:
         text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
@@ -150,30 +151,33 @@ class Listener:
             except psycopg.Error as e:
                 why = self._scrub(e)
             else:
-                backoff = BACKOFF_MIN
+                self.listened = False
                 try:
                     self.session(conn)
                 except (psycopg.Error, Lost, OSError) as e:
                     why = self._scrub(e)
                 finally:
                     conn.close()
+                if self.listened:
+                    # It worked until now: try again soon. A connection that fails before it
+                    # listens (LISTEN refused, a catch-up that fails) backs off further.
+                    backoff = BACKOFF_MIN
             _log(f"not listening to {self.where}: {why}; again in {backoff:g} s")
             self.notifier.status(f"reconnecting to {self.where} in {backoff:g} s: {why}")
             self._sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    def session(self, conn: psycopg.Connection[Any], once: bool = False) -> None:
+    def session(self, conn: psycopg.Connection[Any]) -> None:
         """LISTEN, catch up, then hear notifications and prove the connection until it
-        fails (Lost or psycopg.Error); with `once`, return after the catch-up."""
+        fails (Lost or psycopg.Error)."""
         private = f"fleet_ping_{os.getpid()}_{secrets.token_hex(4)}"
         with _cut_after(conn, PING_TIMEOUT_S):
             conn.execute(f"LISTEN {pgnotify.CHANNEL}".encode())
             conn.execute(f"LISTEN {private}".encode())
         self.catch_up(conn)
+        self.listened = True
         _log(f"listening to {self.where} as {self.me}")
         self.notifier.status(f"listening to {self.where} as {self.me}")
-        if once:
-            return
         token: str | None = None
         due = time.monotonic() + PING_S  # the next ping, or the echo's deadline
         while True:
@@ -184,7 +188,6 @@ class Listener:
             self.act(n.payload for n in got if n.channel == pgnotify.CHANNEL)
             if token is not None and echoed:
                 token, due = None, time.monotonic() + PING_S
-                self.pings += 1
             elif time.monotonic() >= due:
                 if token is not None:
                     raise Lost(f"no echo of the keepalive within {PING_TIMEOUT_S:g} s")
