@@ -57,6 +57,19 @@ EXPECTED = (
     ),
     r"heartbeat of a dispatch pass, postgresql vs sqlite: ratio [\d.]+x",
     r"ls --json, 2000 tasks, postgresql vs sqlite: ratio [\d.]+x",
+    *(
+        line
+        for backend in ("sqlite", "postgresql")
+        for mode in ("plain", "placed", "capped")
+        for line in (
+            rf"claim and finish, 8 claimers, 100 tasks, {mode}, {backend}: median [\d.]+"
+            r" cycles/s \(no target\)",
+            # Under the cap, the most running at once is checked too.
+            rf"affinity safety, {mode}, {backend}: 0 double, 0 not done once, most"
+            + (r" [0-4] \(cap 4: most must be <= 4\)" if mode == "capped" else r" \d+")
+            + "$",
+        )
+    ),
     r"task added on A -> wake poke on B: median [\d.]+ ms \(no target\)",
     r"answer on A -> \.question rung on B: median [\d.]+ ms \(no target\)",
     r"kill on A -> \.kill rung on B: median [\d.]+ ms \(no target\)",
@@ -116,6 +129,7 @@ def test_quick_benchmarks_print_every_figure() -> None:
             "claim",
             "backends",
             "hosts",
+            "affinity",
             "listen",
             "answer",
             "messages",
@@ -127,7 +141,7 @@ def test_quick_benchmarks_print_every_figure() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=360,
+        timeout=480,
         check=False,
     )
     output = proc.stdout + proc.stderr
