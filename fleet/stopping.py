@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from fleet.errors import TimedOut
-from fleet.model import Task
-from fleet.paths import Paths
-from fleet.store import Store
+
+if TYPE_CHECKING:
+    from fleet.config import Config
+    from fleet.model import Task
+    from fleet.paths import Paths
+    from fleet.store import Store
 
 SLACK_S = 15  # beyond the lease and the grace: the runner's end and its reaping
 
@@ -48,6 +52,12 @@ def stop(paths: Paths, store: Store, tasks: Sequence[Task], block: bool) -> list
     here = [t.id for t in tasks if t.claimed_by is not None and t not in remote]
     systemd.stop(systemd.scope_for(paths), here, block=block)
     return remote
+
+
+def default_timeout(config: Config) -> float:
+    """How long a stop on another host may take: its runner hears of it within the renewal
+    period (poll-only) or at once, then has the grace, then its reaping."""
+    return config.get_int("lease_seconds") + config.get_int("stop_grace_seconds") + SLACK_S
 
 
 def await_ends(store: Store, tasks: Sequence[Task], timeout: float) -> None:

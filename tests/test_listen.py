@@ -252,6 +252,18 @@ def test_a_cancel_on_another_host_stops_the_agent_here_too(hosts: Hosts) -> None
     b.box.wait_for(lambda: unit_empty(b.box, task_id), what=f"{task_id}'s cgroup empty")
 
 
+def test_a_suspend_on_another_host_stops_the_agent_here_and_keeps_it_suspended(
+    hosts: Hosts,
+) -> None:
+    b = hosts.b
+    task_id = running_on_b(hosts, "7105")
+    assert hosts.a("suspend", task_id, "--summary", "later").stdout.strip() == "1"
+    assert b.show(task_id)["claimed_by"] is None  # waited for: the attempt has ended
+    assert b.show(task_id)["status"] == "suspended"
+    assert b.box.run("pgrep", "-f", "sleep 7105", check=False).stdout == ""
+    b.box.wait_for(lambda: unit_empty(b.box, task_id), what=f"{task_id}'s cgroup empty")
+
+
 def test_a_kill_requested_while_the_listener_is_down_is_kept_until_it_is_back(
     hosts: Hosts,
 ) -> None:

@@ -52,11 +52,8 @@ def kill_tasks(
         raise Conflict(f"not running: {' '.join(idle)}", hint="only running tasks can be killed")
     remote = stopping.stop(app.paths, app.store, tasks, block)
     if remote and block:
-        if timeout is None:
-            config = app.config
-            grace = config.get_int("stop_grace_seconds")
-            timeout = config.get_int("lease_seconds") + grace + stopping.SLACK_S
-        stopping.await_ends(app.store, remote, timeout)
+        wait_s = stopping.default_timeout(app.config) if timeout is None else timeout
+        stopping.await_ends(app.store, remote, wait_s)
 
 
 @cli.command()
