@@ -3,8 +3,9 @@
 It holds one direct connection with LISTEN on fleet.store.pgnotify's channel and turns each
 notification into the local file the single-host path already uses: the wake file
 (fleet.wake) for `ready`, the task's `.question` sentinel for `answer` and its `.kill` for
-`kill`, when this host holds the claim. So fleet-claim.path, the runner and fleet-ask wait on
-inotify as they do on one host, and nothing here decides anything.
+`kill`, when this host holds the claim; and, for every notification, it touches `fleet.lock`
+as a local commit does. So fleet-claim.path, the runner, fleet-ask, `fleet wait` and the
+dashboard wait on inotify as they do on one host, and nothing here decides anything.
 
 Invariants:
 - it never misses a change for long: notifications sent while it is not listening are lost,
@@ -15,7 +16,8 @@ Invariants:
   it notifies itself on a channel of its own and must hear that back within PING_TIMEOUT_S,
   its queries are cut off after that long (the socket is shut down under them), and TCP
   keepalives and a user timeout are in the connection's parameters. Any failure closes the
-  connection and reconnects, with a backoff (BACKOFF_MIN doubling to BACKOFF_MAX);
+  connection and reconnects, with a backoff (BACKOFF_MIN after a connection that listened,
+  doubling to BACKOFF_MAX while connecting or listening fails);
 - it pings systemd's watchdog only from its loop, so a listener stuck anywhere is restarted;
 - it is the only connection an idle host keeps open.
 
@@ -79,20 +81,26 @@ def _task_ids(words: Iterable[str]) -> list[str]:
 @contextmanager
 def _cut_after(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
     """Run the block with the connection's socket shut down after `seconds`: a query to a
-    server that went silent fails then, instead of waiting on TCP's own timeouts."""
+    server that went silent fails then (as Lost), instead of waiting on TCP's own timeouts."""
     fd = conn.fileno()
+    cut = threading.Event()
 
-    def cut() -> None:
+    def shut() -> None:
+        cut.set()
         with suppress(OSError):
             sock = socket.socket(fileno=os.dup(fd))
             sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
-    timer = threading.Timer(seconds, cut)
+    timer = threading.Timer(seconds, shut)
     timer.daemon = True
     timer.start()
     try:
         yield
+    except psycopg.Error:
+        if cut.is_set():
+            raise Lost(f"no answer from the server within {seconds:g} s") from None
+        raise
     finally:
         timer.cancel()
 
@@ -108,7 +116,7 @@ class Listener:
         self.notifier = notifier or Notifier()
         self._watchdog = self.notifier.watchdog_interval()
         self._next_watchdog = 0.0
-        self.pings = 0
+        self.listened = False  # whether the current connection got as far as listening
 
     def _scrub(self, e: BaseException) -> str:
         text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
@@ -143,30 +151,33 @@ class Listener:
             except psycopg.Error as e:
                 why = self._scrub(e)
             else:
-                backoff = BACKOFF_MIN
+                self.listened = False
                 try:
                     self.session(conn)
                 except (psycopg.Error, Lost, OSError) as e:
                     why = self._scrub(e)
                 finally:
                     conn.close()
+                if self.listened:
+                    # It worked until now: try again soon. A connection that fails before it
+                    # listens (LISTEN refused, a catch-up that fails) backs off further.
+                    backoff = BACKOFF_MIN
             _log(f"not listening to {self.where}: {why}; again in {backoff:g} s")
             self.notifier.status(f"reconnecting to {self.where} in {backoff:g} s: {why}")
             self._sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    def session(self, conn: psycopg.Connection[Any], once: bool = False) -> None:
+    def session(self, conn: psycopg.Connection[Any]) -> None:
         """LISTEN, catch up, then hear notifications and prove the connection until it
-        fails (Lost or psycopg.Error); with `once`, return after the catch-up."""
+        fails (Lost or psycopg.Error)."""
         private = f"fleet_ping_{os.getpid()}_{secrets.token_hex(4)}"
         with _cut_after(conn, PING_TIMEOUT_S):
             conn.execute(f"LISTEN {pgnotify.CHANNEL}".encode())
             conn.execute(f"LISTEN {private}".encode())
         self.catch_up(conn)
+        self.listened = True
         _log(f"listening to {self.where} as {self.me}")
         self.notifier.status(f"listening to {self.where} as {self.me}")
-        if once:
-            return
         token: str | None = None
         due = time.monotonic() + PING_S  # the next ping, or the echo's deadline
         while True:
@@ -177,7 +188,6 @@ class Listener:
             self.act(n.payload for n in got if n.channel == pgnotify.CHANNEL)
             if token is not None and echoed:
                 token, due = None, time.monotonic() + PING_S
-                self.pings += 1
             elif time.monotonic() >= due:
                 if token is not None:
                     raise Lost(f"no echo of the keepalive within {PING_TIMEOUT_S:g} s")
@@ -192,22 +202,29 @@ class Listener:
         with _cut_after(conn, PING_TIMEOUT_S):
             kills = conn.execute(pg_sql(signals.KILLS_OF).encode(), (self.me,)).fetchall()
             settled = conn.execute(pg_sql(signals.SETTLED_OF).encode(), (self.me,)).fetchall()
+        with suppress(FileNotFoundError):
+            os.utime(self.paths.lock)  # whatever changed meanwhile: watchers look again
         wake.poke(self.paths)
         self.ring_questions(_task_ids(str(r[0]) for r in settled))
         self.ring_kills(_task_ids(str(r[0]) for r in kills))
 
     def act(self, payloads: Iterable[str]) -> None:
         """Ring what the notifications ask for, each file once however many asked."""
-        ready = False
-        asked: dict[str, list[str]] = {"answer": [], "kill": []}
+        heard = ready = False
+        asked: dict[str, list[str]] = {"answer": [], "kill": [], "changed": []}
         for payload in payloads:
             note = pgnotify.parse(payload)
             if note is None:
                 continue
+            heard = True
             if note.kind == "ready":
                 ready = True
             elif note.host == self.me:
                 asked[note.kind].extend(_task_ids(note.ids))
+        if heard:
+            # What a local commit touches: this host's watchers of the store look again.
+            with suppress(FileNotFoundError):
+                os.utime(self.paths.lock)
         if ready:
             wake.poke(self.paths)
         self.ring_questions(asked["answer"])
@@ -226,7 +243,7 @@ class Listener:
 def serve() -> None:
     """fleet-listen's work: listen to this FLEET_HOME's PostgreSQL store until stopped."""
     from fleet.paths import resolve
-    from fleet.store import POSTGRES_SCHEMES, store_url
+    from fleet.store import POSTGRES_SCHEMES, libpq_url, store_url
 
     paths = resolve()
     url = store_url(paths)
@@ -236,4 +253,4 @@ def serve() -> None:
             " wake-ups are local files already",
             hint='set store = "postgresql://…" (fleet config set store=…), then fleet setup',
         )
-    Listener(paths, url).serve()
+    Listener(paths, libpq_url(paths, url)).serve()

@@ -12,7 +12,9 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from fleet.listen import PING_TIMEOUT_S
+from fleet.model import AttemptEnd, QuestionKind, TaskSpec
 from fleet.store import pgnotify
+from fleet.timeutil import iso
 from tests.conftest import fleet_exe
 from tests.sandbox import Sandbox, wait_for
 from tests.test_systemd import Fleet as UnitFleet
@@ -92,6 +97,28 @@ def hosts(box: Sandbox, pg_cluster: Any, tmp_path: Path) -> Iterator[Hosts]:
     box.systemctl("reset-failed", check=False)
 
 
+def test_an_idle_host_holds_one_connection_its_listener_under_a_watchdog(hosts: Hosts) -> None:
+    b = hosts.b
+    b.idle()
+    with psycopg.connect(hosts.url, autocommit=True) as admin:
+        held = admin.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        ).fetchall()
+    assert held == [("fleet-listen",)]
+    doctor = b("doctor", "--system", check=False).stdout
+    assert f"{LISTEN}: active" in doctor, doctor
+    shown = b.box.systemctl("show", "-p", "WatchdogUSec,StatusText,Type", LISTEN).stdout
+    assert "WatchdogUSec=30s" in shown and "Type=notify" in shown
+    b.box.wait_for(
+        lambda: (
+            f"StatusText=listening to {hosts.url.split('host=')[1]}"
+            in b.box.systemctl("show", "-p", "StatusText", LISTEN).stdout
+        ),
+        what="the listener's status",
+    )
+
+
 def test_a_task_added_on_another_host_starts_here_without_the_timer(hosts: Hosts) -> None:
     b = hosts.b
     b.box.systemctl("stop", "fleet-claim.timer")
@@ -139,26 +166,40 @@ def test_an_answer_given_while_the_listener_was_cut_off_arrives_when_it_reconnec
     assert any("not listening to" in line for line in said), said
 
 
-def test_the_triggers_notify_what_another_host_acts_on_and_only_once_committed(
-    hosts: Hosts,
-) -> None:
-    with psycopg.connect(hosts.url, autocommit=True) as ear:
-        ear.execute(f"LISTEN {pgnotify.CHANNEL}".encode())
+def inotify_open(pid: int) -> bool:
+    """Whether process `pid` has an inotify instance open (it sleeps on a watch from now on)."""
+    with suppress(OSError):
+        fds = os.listdir(f"/proc/{pid}/fd")
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify" for fd in fds)
+    return False
 
-        def heard() -> list[str]:
-            return [n.payload for n in ear.notifies(timeout=2, stop_after=1)]
 
-        with psycopg.connect(hosts.url) as writer:
-            writer.execute(
-                "INSERT INTO tasks (id, title, cwd, created_at, updated_at)"
-                " VALUES ('fl-zzzzzz', 'never', '/', '', '')"
-            )
-            writer.rollback()
-        assert heard() == []
-        hosts.a("pause")
-        assert heard() == []  # a gate that closes makes nothing startable
-        hosts.a("resume")
-        assert heard() == ["ready"]
+def test_waiting_on_another_hosts_work_wakes_through_this_hosts_listener(hosts: Hosts) -> None:
+    """Host A runs a listener of its own (outside any systemd): its `fleet wait` sleeps on A's
+    fleet.lock, which only A's listener touches when B's attempt ends."""
+    env = {**os.environ, "FLEET_HOME": str(hosts.a_home), "FLEET_STORE": hosts.url}
+    go = hosts.b.project / "go"
+    task_id = hosts.add(f"while [ ! -e {go} ]; do sleep 0.1; done")  # creates A's fleet.lock
+    hosts.b.wait_running(task_id)
+    with (hosts.a_home / "listen.err").open("wb") as err:
+        listener = subprocess.Popen([fleet_exe("fleet-listen")], env=env, stderr=err)
+    waiter = subprocess.Popen([fleet_exe(), "wait", task_id, "--timeout", "60"], env=env)
+    try:
+        wait_for(
+            lambda: "listening to" in (hosts.a_home / "listen.err").read_text(),
+            30,
+            "A's listener listening",
+        )
+        wait_for(lambda: inotify_open(waiter.pid), 30, "fleet wait asleep on A")
+        go.touch()
+        assert waiter.wait(timeout=60) == 0
+        assert hosts.b.show(task_id)["status"] == "done"
+    finally:
+        go.touch()
+        for process in (waiter, listener):
+            if process.poll() is None:
+                process.terminate()
+            process.wait(timeout=30)
 
 
 def unit_empty(box: Sandbox, task_id: str) -> bool:
@@ -201,6 +242,28 @@ def test_a_kill_on_another_host_stops_the_agent_here(hosts: Hosts) -> None:
     assert asked["detail"]["host"] == HOST_B
 
 
+def test_a_cancel_on_another_host_stops_the_agent_here_too(hosts: Hosts) -> None:
+    b = hosts.b
+    task_id = running_on_b(hosts, "7104")
+    hosts.a("cancel", task_id, "--reason", "not needed")
+    assert b.wait(task_id) == 1
+    assert b.show(task_id)["status"] == "cancelled"
+    assert b.box.run("pgrep", "-f", "sleep 7104", check=False).stdout == ""
+    b.box.wait_for(lambda: unit_empty(b.box, task_id), what=f"{task_id}'s cgroup empty")
+
+
+def test_a_suspend_on_another_host_stops_the_agent_here_and_keeps_it_suspended(
+    hosts: Hosts,
+) -> None:
+    b = hosts.b
+    task_id = running_on_b(hosts, "7105")
+    assert hosts.a("suspend", task_id, "--summary", "later").stdout.strip() == "1"
+    assert b.show(task_id)["claimed_by"] is None  # waited for: the attempt has ended
+    assert b.show(task_id)["status"] == "suspended"
+    assert b.box.run("pgrep", "-f", "sleep 7105", check=False).stdout == ""
+    b.box.wait_for(lambda: unit_empty(b.box, task_id), what=f"{task_id}'s cgroup empty")
+
+
 def test_a_kill_requested_while_the_listener_is_down_is_kept_until_it_is_back(
     hosts: Hosts,
 ) -> None:
@@ -235,3 +298,178 @@ def test_poll_only_mode_has_no_listener_and_renewals_bring_answers_and_kills(
     b.wait_running(sleeping)
     assert hosts.a("kill", sleeping).returncode == 0
     assert_killed(hosts, sleeping, "7103")
+
+
+# ---------------------------------------------------------------------- without systemd
+
+
+@pytest.fixture
+def url(pg_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    found = str(pg_cluster.new_database())
+    monkeypatch.setenv("FLEET_STORE", found)
+    return found
+
+
+def backends(url: str, application: str) -> list[int]:
+    with psycopg.connect(url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+            " AND datname = current_database()",
+            (application,),
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def test_a_listener_whose_server_goes_silent_reconnects_and_catches_up(
+    url: str, home: Path, tmp_path: Path
+) -> None:
+    """The server process of the listener's connection is frozen (SIGSTOP): no error, no
+    notification, the socket open. The keepalive's echo does not come back, the listener
+    cuts the connection and reconnects, and an answer given meanwhile reaches the task."""
+    import signal
+
+    from fleet.audit import Actor
+    from fleet.host import owner
+    from fleet.paths import resolve
+    from fleet.store import open_store
+
+    store = open_store(resolve(), Actor("test", "test"))
+    (task,) = store.add([TaskSpec(title="asks", cwd=str(tmp_path))])
+    claimed = store.claim_task(task.id, owner(), 60, "command", None)
+    assert claimed is not None
+    q = store.ask(task.id, QuestionKind.INPUT, "Still there?", (), False, iso(time.time() + 600))
+    sentinel = home / "tasks" / task.id / ".question"
+    sentinel.parent.mkdir(parents=True)
+    log = tmp_path / "listen.err"
+    with log.open("wb") as err:
+        listener = subprocess.Popen([fleet_exe("fleet-listen")], stderr=err)
+    try:
+        wait_for(lambda: len(backends(url, "fleet-listen")) == 1, 30, "the listener connected")
+        wait_for(lambda: "listening to" in log.read_text(), 30, "the listener listening")
+        (frozen,) = backends(url, "fleet-listen")
+        os.kill(frozen, signal.SIGSTOP)
+        try:
+            store.answer(q.id, "person", "yes")  # notifies a connection that cannot hear it
+            wait_for(
+                lambda: any(p != frozen for p in backends(url, "fleet-listen")),
+                30,
+                "a new connection",
+            )
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+        wait_for(sentinel.exists, 30, "the answer rung by the catch-up")
+        said = log.read_text()
+        assert f"no answer from the server within {PING_TIMEOUT_S:g} s" in said, said
+    finally:
+        listener.terminate()
+        listener.wait(timeout=30)
+        store.close()
+
+
+@pytest.fixture
+def ear(url: str) -> Iterator[Callable[[], list[str]]]:
+    """What the store's channel carries: every payload sent since the last call, in order."""
+    with (
+        psycopg.connect(url, autocommit=True) as listening,
+        psycopg.connect(url, autocommit=True) as marker,
+    ):
+        listening.execute(f"LISTEN {pgnotify.CHANNEL}".encode())
+
+        def heard() -> list[str]:
+            # Notifications arrive in commit order: whatever came before was sent before it.
+            marker.execute(b"SELECT pg_notify(%s, 'end')", (pgnotify.CHANNEL,))
+            got: list[str] = []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for n in listening.notifies(timeout=deadline - time.monotonic(), stop_after=1):
+                    if n.payload == "end":
+                        return got
+                    got.append(n.payload)
+            raise AssertionError(f"no end marker; heard {got}")
+
+        yield heard
+
+
+def test_the_triggers_notify_what_another_host_acts_on_and_only_once_committed(
+    url: str, tmp_path: Path, ear: Callable[[], list[str]]
+) -> None:
+    from fleet.audit import Actor
+    from fleet.paths import resolve
+    from fleet.store import open_store
+
+    with psycopg.connect(url) as writer:
+        writer.execute(
+            "INSERT INTO tasks (id, title, cwd, created_at, updated_at)"
+            " VALUES ('fl-zzzzzz', 'never', '/', '', '')"
+        )
+        writer.rollback()
+    assert ear() == []
+    store = open_store(resolve(), Actor("test", "test"))
+    try:
+        added = store.add([TaskSpec(title=f"t{n}", cwd=str(tmp_path)) for n in range(3)])
+        assert ear() == ["ready"]  # one transaction: one notification for all three
+        first, second = store.claim(2, "host-1", 60, "command", None)
+        store.renew(first.id, "host-1", 60, first.attempts)
+        assert ear() == []  # the hot paths send nothing
+        store.set_gate("pause", None, "lunch")
+        assert ear() == []  # a gate that closes makes nothing startable
+        store.clear_gate("pause")
+        assert ear() == ["ready"]
+        q = store.ask(first.id, QuestionKind.INPUT, "Go?", (), False, iso(time.time() + 600))
+        assert ear() == ["changed"]  # watchers everywhere look again
+        store.answer(q.id, "person", "go")
+        assert ear() == [f"answer host-1 {first.id}"]
+        unclaimed = next(t for t in added if t.id not in (first.id, second.id))
+        asked = store.request_kill([second.id, unclaimed.id, first.id])
+        assert asked == sorted([(first.id, "host-1"), (second.id, "host-1")])
+        assert ear() == [f"kill host-1 {' '.join(sorted([first.id, second.id]))}"]
+        assert store.kill_requested(first.id, first.attempts)
+        assert not store.kill_requested(unclaimed.id, 0)
+        store.release(first.id, "host-1", AttemptEnd("killed"), attempt=first.attempts)
+        assert ear() == ["ready", "changed"]
+        store.block(second.id, "a person says so")
+        assert ear() == ["changed"]
+    finally:
+        store.close()
+
+
+def test_many_ids_go_in_several_payloads_each_below_the_bound(
+    url: str, ear: Callable[[], list[str]]
+) -> None:
+    ids = [f"fl-{n:06d}" for n in range(2000)]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT fleet_notify('kill', 'host-1', %s)", (ids,))
+    payloads = ear()
+    assert len(payloads) > 1
+    assert all(len(p.encode()) <= pgnotify.BATCH_BYTES for p in payloads)
+    notes = [pgnotify.parse(p) for p in payloads]
+    assert all(n is not None and (n.kind, n.host) == ("kill", "host-1") for n in notes)
+    assert [i for n in notes if n is not None for i in n.ids] == ids
+
+
+def test_the_listener_rings_only_well_formed_ids_of_its_own_host(home: Path, url: str) -> None:
+    from fleet.host import owner
+    from fleet.listen import Listener
+    from fleet.paths import resolve
+
+    paths = resolve()
+    mine, other = home / "tasks" / "fl-aaaaaa", home / "tasks" / "fl-bbbbbb"
+    mine.mkdir(parents=True)
+    other.mkdir(parents=True)
+    (home / "tasks" / "fl-aaaaaa" / "x").mkdir()
+    listener = Listener(paths, url)
+    me = owner()
+    listener.act(
+        [
+            f"kill {me} fl-aaaaaa/x ../fl-bbbbbb fl-a",  # no file but a task's own
+            "kill another-host fl-bbbbbb",  # not ours to stop
+            "hello",  # not fleet's
+            f"answer {me} fl-aaaaaa",
+        ]
+    )
+    assert not (mine / ".kill").exists() and not (mine / "x" / ".kill").exists()
+    assert not (other / ".kill").exists()
+    assert (mine / ".question").exists()
+    assert not (home / "wake" / "poke").exists()
+    listener.act([f"kill {me} fl-aaaaaa", "ready"])
+    assert (mine / ".kill").exists() and (home / "wake" / "poke").exists()

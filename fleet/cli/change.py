@@ -239,16 +239,16 @@ def retry_task(app: App, task_id: str) -> Task:
 @pass_app
 def cancel(app: App, task_id: str, reason: str | None, as_json: bool) -> None:
     """Withdraw a task: it is never claimed again unless retried. A running attempt is
-    stopped."""
+    stopped, by the host that runs it (another host's through the store, as `fleet kill`)."""
     _done(cancel_task(app, task_id, reason), as_json)
 
 
 def cancel_task(app: App, task_id: str, reason: str | None, block: bool = True) -> Task:
-    from fleet import inputs, systemd
+    from fleet import inputs, stopping
 
     task = app.store.cancel(task_id, inputs.reason(reason) if reason else None)
     if task.claimed_by is not None:
-        systemd.stop(systemd.scope_for(app.paths), [task.id], block=block)
+        stopping.stop(app.paths, app.store, [task], block=block)  # on the host that runs it
         task = app.store.get(task.id)
     return task
 

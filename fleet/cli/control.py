@@ -39,65 +39,21 @@ def kill(app: App, task_ids: tuple[str, ...], no_block: bool, timeout: float | N
     kill_tasks(app, task_ids, block=not no_block, timeout=timeout)
 
 
-KILL_SLACK_S = 15  # beyond the lease and the grace: the runner's end and its reaping
-
-
 def kill_tasks(
     app: App, task_ids: Sequence[str], block: bool = True, timeout: float | None = None
 ) -> None:
-    """Stop running tasks (all or none: Conflict if one is not running): this host's by their
-    units, other hosts' by a kill request in the store."""
-    from fleet import systemd
-    from fleet.host import owner
-    from fleet.store import POSTGRES_SCHEMES, store_url
-    from fleet.store.base import is_merge_claim
+    """Stop running tasks (all or none: Conflict if one is not running), on whichever host
+    runs each (fleet.stopping)."""
+    from fleet import stopping
 
     tasks = [app.store.get(t) for t in dict.fromkeys(task_ids)]
     idle = [t.id for t in tasks if t.claimed_by is None]
     if idle:
         raise Conflict(f"not running: {' '.join(idle)}", hint="only running tasks can be killed")
-    me = owner()
-    # A SQLite store is one host's: every claim in it is this host's (whatever its name was).
-    shared = store_url(app.paths).startswith(POSTGRES_SCHEMES)
-    elsewhere = [
-        t for t in tasks if shared and t.claimed_by != me and not is_merge_claim(t.claimed_by)
-    ]
-    here = [t.id for t in tasks if t not in elsewhere]
-    if elsewhere:
-        app.store.request_kill([t.id for t in elsewhere])
-    systemd.stop(systemd.scope_for(app.paths), here, block=block)
-    if elsewhere and block:
-        if timeout is None:
-            config = app.config
-            grace = config.get_int("stop_grace_seconds")
-            timeout = config.get_int("lease_seconds") + grace + KILL_SLACK_S
-        _await_ends(app, elsewhere, timeout)
-
-
-def _await_ends(app: App, tasks: Sequence[Task], timeout: float) -> None:
-    """Until each of these attempts (claimed elsewhere) has ended, by the store; TimedOut.
-
-    A change on another host touches no file here for inotify to see, so this looks at the
-    store, a little less often the longer it waits."""
-    deadline = time.monotonic() + timeout
-    left = {t.id: (t.claimed_by, t.attempts) for t in tasks}
-    delay = 0.05
-    while left:
-        for task_id, held in list(left.items()):
-            now = app.store.get(task_id)
-            if (now.claimed_by, now.attempts) != held:
-                del left[task_id]
-        if not left:
-            return
-        if time.monotonic() >= deadline:
-            hosts = sorted({str(host) for host, _ in left.values()})
-            raise TimedOut(
-                f"still running after {timeout:g} s: {' '.join(left)} (on {', '.join(hosts)})",
-                hint="the kill request is kept: the host stops it once its fleet-listen or"
-                " runner hears it (is fleet-listen running there?); fleet show ID says more",
-            )
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.5)
+    remote = stopping.stop(app.paths, app.store, tasks, block)
+    if remote and block:
+        wait_s = stopping.default_timeout(app.config) if timeout is None else timeout
+        stopping.await_ends(app.store, remote, wait_s)
 
 
 @cli.command()

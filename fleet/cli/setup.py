@@ -332,6 +332,7 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     from fleet.store import open_store, store_url
     from fleet.units import (
         ENABLED,
+        LISTEN,
         TELEGRAM,
         WEB_SOCKET,
         Install,
@@ -401,6 +402,12 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     for name, state in zip(ENABLED, enabled + [""] * len(ENABLED), strict=False):
         fix = f"fleet setup{flag}"
         results.append((state == "enabled", "enabled", f"{name}: {state or 'unknown'}", fix))
+    if wants_listener(app.paths, config):
+        # Without it, work from other hosts waits for the timer, and their answers and kills
+        # wait until it is back (its catch-up).
+        state = systemd.systemctl(scope, "is-active", LISTEN, check=False).strip()
+        fix = f"journalctl -u {LISTEN} says why; fleet setup{flag}"
+        results.append((state == "active", "listen", f"{LISTEN}: {state or 'unknown'}", fix))
 
     names = {config.get_str("default_coder")}
     names |= {k.split(".")[1] for k in config.values if k.startswith("coders.")}

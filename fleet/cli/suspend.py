@@ -109,8 +109,9 @@ def checkpoints_cmd(app: App, task_id: str, fmt: str | None) -> None:
 @pass_app
 def suspend(app: App, task_id: str, summary: str | None, no_block: bool) -> None:
     """Checkpoint a ready or running task and suspend it: a running attempt is stopped (it
-    counts as no failure), and the task is never claimed until `fleet resume ID`, whose next
-    attempt resumes the coder's own session where it can. Prints the checkpoint's number.
+    counts as no failure; on another host, through the store, as `fleet kill` stops it), and
+    the task is never claimed until `fleet resume ID`, whose next attempt resumes the coder's
+    own session where it can. Prints the checkpoint's number.
     """
     by = app.store.actor.by
     _said(suspend_task(app, task_id, _summary(summary, f"suspended by {by}"), not no_block))
@@ -136,9 +137,16 @@ def suspend_task(app: App, task_id: str, summary: str, block: bool = True) -> Ch
 
 def _stop(app: App, task_id: str, block: bool) -> None:
     """Stop the running attempt: its unit, or a runner started by hand through its `.kill`
-    sentinel."""
-    from fleet import systemd, taskdir
+    sentinel; on another host, by a kill request (fleet.stopping)."""
+    from fleet import stopping, systemd, taskdir
     from fleet.errors import FleetError
+
+    remote = stopping.elsewhere(app.paths, [app.store.get(task_id)])
+    if remote:
+        app.store.request_kill([task_id])
+        if block:
+            stopping.await_ends(app.store, remote, stopping.default_timeout(app.config))
+        return
 
     try:
         scope = systemd.scope_for(app.paths)

@@ -14,7 +14,7 @@ from fleet.audit import Actor
 from fleet.paths import Paths
 from fleet.store.base import Store, TaskFilter
 
-__all__ = ["Actor", "Store", "TaskFilter", "open_store", "store_url"]
+__all__ = ["Actor", "Store", "TaskFilter", "libpq_url", "open_store", "store_url"]
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -50,6 +50,15 @@ def _sets(line: str, name: str) -> bool:
     return bool(eq) and key.strip().strip("\"'") == name
 
 
+def libpq_url(paths: Paths, url: str) -> str:
+    """The PostgreSQL store's `url` as this process hands it to libpq: with the password file
+    of the store_passfile setting (systemd's copy of it inside a unit), if there is one."""
+    from fleet.store import pgauth
+
+    passfile = pgauth.passfile(os.path.expanduser(_setting(paths, "store_passfile")))
+    return pgauth.with_passfile(url, passfile)
+
+
 def open_store(paths: Paths, actor: Actor | None = None, url: str | None = None) -> Store:
     """The store, whose changes the audit trail puts down to `actor` (by default whoever runs
     `fleet` here: the agent of a task, or the person)."""
@@ -58,11 +67,9 @@ def open_store(paths: Paths, actor: Actor | None = None, url: str | None = None)
     actor = actor or Actor(who(), "fleet")
     url = store_url(paths) if url is None else url
     if url.startswith(POSTGRES_SCHEMES):
-        from fleet.store import pgauth
         from fleet.store.pgstore import PGStore
 
-        passfile = pgauth.passfile(os.path.expanduser(_setting(paths, "store_passfile")))
-        return PGStore.connect(pgauth.with_passfile(url, passfile), paths, actor)
+        return PGStore.connect(libpq_url(paths, url), paths, actor)
     if url:
         # Not SQLite by surprise: a host that took this for SQLite would run a queue of its own.
         from fleet.errors import StoreError

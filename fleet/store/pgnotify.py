@@ -18,7 +18,12 @@ time):
 - `answer HOST ID...`: a question of these tasks, claimed by HOST, left `pending` (answered,
   usually from another host): HOST rings their `.question`;
 - `kill HOST ID...`: a person asked HOST to stop these tasks' running attempts (the rows of
-  `kill_requests`): HOST rings their `.kill`.
+  `kill_requests`): HOST rings their `.kill`;
+- `changed`: a task settled (an attempt ended, or a person closed, blocked, cancelled or
+  suspended it) or a question was asked. Nothing to start or ring; like every notification it
+  makes fleet-listen touch the local `fleet.lock`, which is what a local commit touches, so
+  `fleet wait`, `fleet questions --wait` and the dashboard's live pages on every host look
+  again.
 
 The hot paths (claims, renewals, ends of attempts that free no work) send nothing: the task
 triggers are row triggers whose WHEN clause PostgreSQL evaluates without calling any function.
@@ -31,7 +36,7 @@ from typing import NamedTuple
 CHANNEL = "fleet"
 BATCH_BYTES = 4000  # a payload's bound; PostgreSQL refuses 8,000 and more
 
-KINDS = ("ready", "answer", "kill")
+KINDS = ("ready", "answer", "kill", "changed")
 
 _BATCHED = f"""CREATE FUNCTION fleet_notify(kind text, host text, ids text[]) RETURNS void
     LANGUAGE plpgsql AS $$
@@ -107,6 +112,24 @@ MIGRATION = (
 )
 
 
+_CHANGED = f"""CREATE FUNCTION fleet_notify_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{CHANNEL}', 'changed');
+    RETURN NULL;
+END $$"""
+
+# A later migration than MIGRATION's (it came after it was released).
+CHANGED = (
+    _CHANGED,
+    "CREATE TRIGGER fleet_settled AFTER UPDATE OF status, claimed_by ON tasks FOR EACH ROW WHEN"
+    " ((OLD.claimed_by IS NOT NULL AND NEW.claimed_by IS NULL) OR (OLD.status IS DISTINCT FROM"
+    " NEW.status AND NEW.status IN ('done', 'blocked', 'cancelled', 'suspended', 'handed-off')))"
+    " EXECUTE FUNCTION fleet_notify_changed()",
+    "CREATE TRIGGER fleet_asked AFTER INSERT ON questions FOR EACH STATEMENT"
+    " EXECUTE FUNCTION fleet_notify_changed()",
+)
+
+
 class Note(NamedTuple):
     """One notification, parsed: its kind, the host it is for (None: every host) and ids."""
 
@@ -121,8 +144,8 @@ def parse(payload: str) -> Note | None:
     words = payload.split()
     if not words or words[0] not in KINDS:
         return None
-    if words[0] == "ready":
-        return Note("ready", None, ())
+    if words[0] in ("ready", "changed"):
+        return Note(words[0], None, ())
     if len(words) < 3:
         return None
     return Note(words[0], words[1], tuple(words[2:]))

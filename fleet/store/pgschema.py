@@ -384,6 +384,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "UPDATE tasks SET limits = replace(replace(limits, ', \"', ',\"'), '\": ', '\":')"
         " WHERE limits LIKE '%, %' OR limits LIKE '%: %'",
     ),
+    # 21: `changed` for the store's watchers on every host (fleet.store.pgnotify).
+    pgnotify.CHANGED,
 )
 
 VERSION = len(MIGRATIONS)

@@ -453,7 +453,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     (
         # A person's request to stop a running attempt, for the host that runs it
-        # (fleet.signals): kept, so a host whose listener was down still finds it.
+        # (fleet.store.signals): kept, so a host whose listener was down still finds it.
         """CREATE TABLE kill_requests (
             task TEXT NOT NULL REFERENCES tasks(id),
             attempt INTEGER NOT NULL,
@@ -485,6 +485,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "UPDATE tasks SET labels = json(labels), merged_from = json(merged_from),"
         " limits = json(limits), needs = json(needs)",
     ),
+    # PostgreSQL's notification of settled tasks and new questions (fleet.store.pgnotify);
+    # nothing here: a SQLite store's watchers see its commits on fleet.lock.
+    (),
 )
 
 VERSION = len(MIGRATIONS)

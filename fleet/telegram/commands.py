@@ -418,12 +418,12 @@ class Handler:
         self._answer(who, q, said.strip())
 
     def kill(self, who: Sender, args: str) -> None:
-        from fleet import systemd
+        from fleet import stopping
 
         task = self.store.get(self._task(args, "/kill ID"))
         if task.claimed_by is None:
             raise Conflict(f"not running: {task.id}", hint="only running tasks can be killed")
-        systemd.stop(systemd.scope_for(self.paths), [task.id], block=False)
+        stopping.stop(self.paths, self.store, [task], block=False)
         self.log(f"{who.by} stopped {task.id}")
         self.reply(who, text.plain(f"Stopping {task.id}."))
 
