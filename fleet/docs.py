@@ -37,6 +37,7 @@ from fleet.settings import BUILTIN_CODERS, CODER_SETTINGS, SETTINGS, Setting, te
 from fleet.stats import FIELDS as STATS_FIELDS
 from fleet.status import FIELDS as STATUS_FIELDS
 from fleet.store.coord import CLAIM_FIELDS, MESSAGE_FIELDS, OFFER_FIELDS
+from fleet.store.hosts import HOST_FIELDS
 
 PROG = "fleet"
 COMPLETE_VAR = "_FLEET_COMPLETE"
@@ -567,6 +568,9 @@ def json_output(root: click.Context) -> list[str]:
         f"{bold('fleet messages --json')} lists messages, oldest first, and"
         f" {bold('fleet message --json')} those it sent:",
         *field_list(MESSAGE_FIELDS),
+        ".PP",
+        f"{bold('fleet hosts --json')} lists the hosts that share the queue, by name:",
+        *field_list(HOST_FIELDS),
         ".PP",
         f"{bold('fleet offers --json')} lists handoff offers, oldest first, and"
         f" {bold('fleet handoff --offer --json')} prints the one it made:",

@@ -30,6 +30,7 @@ class Install(NamedTuple):
     telegram: bool = False  # fleet-telegram.service too
     web: bool = False  # fleet-web.socket and fleet-web.service too
     path: str | None = None  # PATH of every unit; None: the manager's own
+    listen: bool = False  # fleet-listen.service too (a PostgreSQL store, wakeups = "listen")
     libpq: tuple[tuple[str, str], ...] = ()  # PG* variables of the units (fleet.store.pgauth)
 
 
@@ -233,6 +234,8 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             f"WantedBy={target}",
         ],
     }
+    if inst.listen:
+        units[LISTEN] = _listen(inst, config, user, target)
     if inst.telegram:
         units[TELEGRAM] = _telegram(inst, config, user, target)
     if inst.web:
@@ -241,6 +244,47 @@ def render(inst: Install, config: Config) -> dict[str, str]:
 
 
 TELEGRAM = "fleet-telegram.service"
+LISTEN = "fleet-listen.service"
+LISTEN_WATCHDOG_S = 30  # fleet-listen pings from its loop, which wakes every 5 s at most
+
+
+def wants_listener(paths: Paths, config: Config) -> bool:
+    """Whether this host runs fleet-listen.service: its store is PostgreSQL and its wake-ups
+    are not poll-only."""
+    from fleet.store import POSTGRES_SCHEMES, store_url
+
+    listening = config.get_str("wakeups") == "listen"
+    return listening and store_url(paths).startswith(POSTGRES_SCHEMES)
+
+
+def _listen(inst: Install, config: Config, user: list[str], target: str) -> list[str]:
+    """fleet-listen.service: one per host, always restarted; its watchdog catches a listener
+    stuck anywhere (its own checks catch a connection that stopped delivering)."""
+    system = inst.scope == "system"
+    network = ["After=network-online.target", "Wants=network-online.target"] if system else []
+    return [
+        "[Unit]",
+        "Description=fleet wake-ups from the shared PostgreSQL store (LISTEN)",
+        "Documentation=man:fleet-listen(1)",
+        *network,
+        "StartLimitIntervalSec=0",
+        "",
+        "[Service]",
+        "Type=notify",
+        "NotifyAccess=main",
+        _environment(inst, config),
+        *user,
+        f"ExecStart={_program(inst, 'fleet-listen')}",
+        f"WatchdogSec={LISTEN_WATCHDOG_S}",
+        "Restart=always",
+        "RestartSec=2s",
+        "TimeoutStopSec=10",
+        "",
+        "[Install]",
+        f"WantedBy={target}",
+    ]
+
+
 SCHEDULE_SERVICE = "fleet-schedule@.service"
 
 
@@ -415,6 +459,6 @@ def reference() -> dict[str, str]:
     from fleet.config import defaults
 
     paths = Paths("system", Path("/var/lib/fleet"), Path("/etc/fleet/config.toml"))
-    install = Install("system", paths, Path("/usr/bin"), telegram=True, web=True)
+    install = Install("system", paths, Path("/usr/bin"), telegram=True, web=True, listen=True)
     units = render(install, defaults(paths.config_file))
     return {**units, CATALOG_FILE: catalog()}

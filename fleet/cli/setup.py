@@ -18,6 +18,7 @@ from fleet.paths import Scope
 
 if TYPE_CHECKING:
     from fleet.config import Config
+    from fleet.store import Store
     from fleet.units import Install
 
 scope_options = (
@@ -93,6 +94,10 @@ def setup(
     also fleet-web.socket and fleet-web.service). Running it again updates them; it is always
     safe.
 
+    With a PostgreSQL store and wakeups = "listen" (the default) it also installs and starts
+    fleet-listen.service, this host's one connection that hears what other hosts did (new
+    work, answers, kills); with wakeups = "poll", or a SQLite store, it removes it.
+
     The units run with the PATH of the shell that runs fleet setup (its relative entries
     left out), because a manager gives its units only a short default PATH of its own, which
     misses coders installed in ~/.local/bin or by a node version manager: run it again from a
@@ -127,7 +132,16 @@ def setup(
     from fleet import journal_upload as upload
     from fleet import unitsyntax
     from fleet.store.pgauth import libpq_environment
-    from fleet.units import TELEGRAM, WEB_SOCKET, Install, recorded, render, search_path, unit_dir
+    from fleet.units import (
+        TELEGRAM,
+        WEB_SOCKET,
+        Install,
+        recorded,
+        render,
+        search_path,
+        unit_dir,
+        wants_listener,
+    )
 
     chosen = _scope(app, scope)
     if journal_upload is not None:
@@ -153,6 +167,7 @@ def setup(
     web = web or uninstall or (target / WEB_SOCKET).exists()
     if web and not uninstall:
         _check_web(app.config)
+    listen = wants_listener(app.paths, app.config) and not uninstall
     inst = Install(
         chosen,
         app.paths,
@@ -161,6 +176,7 @@ def setup(
         telegram,
         web,
         search_path(),
+        listen,
         tuple(libpq_environment().items()),
     )
     units = render(inst, app.config)
@@ -210,16 +226,24 @@ def _check_web(config: Config) -> None:
 
 def _uninstall(scope: Scope, target: Path, units: dict[str, str]) -> None:
     from fleet import systemd
-    from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM, WEB_SERVICE, WEB_SOCKET
+    from fleet.units import (
+        CATALOG_DIR,
+        CATALOG_FILE,
+        ENABLED,
+        LISTEN,
+        TELEGRAM,
+        WEB_SERVICE,
+        WEB_SOCKET,
+    )
 
     systemd.manager_environment(scope)  # reachable, before anything is removed
     # The schedules' timers too (fleet schedule add wrote them): their service goes now.
     timers = sorted(p.name for p in target.glob("fleet-schedule@?*.timer"))
     systemd.systemctl(
-        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, *timers,
+        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, LISTEN, *timers,
         check=False,
     )  # fmt: skip
-    for name in [*units, *timers]:
+    for name in [*units, LISTEN, *timers]:
         (target / name).unlink(missing_ok=True)
     if scope == "system":
         (CATALOG_DIR / CATALOG_FILE).unlink(missing_ok=True)
@@ -236,6 +260,7 @@ def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> No
         CATALOG_DIR,
         CATALOG_FILE,
         ENABLED,
+        LISTEN,
         TELEGRAM,
         WEB_SERVICE,
         WEB_SOCKET,
@@ -269,11 +294,21 @@ def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> No
     systemd.systemctl(scope, "daemon-reload")
     systemd.systemctl(scope, "enable", "--now", *ENABLED)
     started = ""
+    if LISTEN in units:
+        # A running listener reads its store and settings only when it starts.
+        systemd.systemctl(scope, "enable", LISTEN)
+        systemd.systemctl(scope, "restart", LISTEN)
+        started = f"; {LISTEN} started"
+    elif (target / LISTEN).exists():
+        # SQLite again, or wakeups = "poll": no listener (the timer drives dispatch).
+        systemd.systemctl(scope, "disable", "--now", LISTEN, check=False)
+        (target / LISTEN).unlink(missing_ok=True)
+        systemd.systemctl(scope, "daemon-reload")
     if TELEGRAM in units:
         # A running bot picks up the new unit (and a changed credential) only on a restart.
         systemd.systemctl(scope, "enable", TELEGRAM)
         systemd.systemctl(scope, "restart", TELEGRAM)
-        started = f"; {TELEGRAM} started"
+        started += f"; {TELEGRAM} started"
     if WEB_SOCKET in units:
         # Listening anew on web_listen; a running dashboard stops with it (it Requires= the
         # socket) and the next request starts the new one.
@@ -295,7 +330,16 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     from fleet.config import load
     from fleet.settings import shown
     from fleet.store import open_store, store_url
-    from fleet.units import ENABLED, TELEGRAM, WEB_SOCKET, Install, recorded, render, unit_dir
+    from fleet.units import (
+        ENABLED,
+        TELEGRAM,
+        WEB_SOCKET,
+        Install,
+        recorded,
+        render,
+        unit_dir,
+        wants_listener,
+    )
 
     results: list[tuple[bool, str, str, str]] = []
     flag = " --user" if scope == "user" else ""
@@ -325,10 +369,14 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
         return results
     try:
         store = open_store(app.paths)
-        store.close()
-        url = store_url(app.paths)
-        # A PostgreSQL store by its URL, its password masked (fleet.settings.shown).
-        results.append((True, "store", shown("store", url) if url else str(app.paths.db), ""))
+        try:
+            url = store_url(app.paths)
+            # A PostgreSQL store by its URL, its password masked (fleet.settings.shown).
+            shown_as = shown("store", url) if url else str(app.paths.db)
+            results.append((True, "store", shown_as, ""))
+            results.append(host_check(store, config))
+        finally:
+            store.close()
     except FleetError as e:
         results.append((False, "store", e.message, e.hint or ""))
     try:
@@ -338,7 +386,10 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
         web = (target / WEB_SOCKET).exists()
         chosen = recorded(app.paths)
         run_as = chosen.run_as if scope == "system" else None
-        inst = Install(scope, app.paths, bindir, run_as, telegram, web, chosen.path, chosen.libpq)
+        listen = wants_listener(app.paths, config)
+        inst = Install(
+            scope, app.paths, bindir, run_as, telegram, web, chosen.path, listen, chosen.libpq
+        )
         for name, text in render(inst, config).items():
             path = target / name
             current = path.read_text() if path.exists() else None
@@ -398,6 +449,31 @@ def notify_checks(app: App, config: Config, scope: Scope) -> list[tuple[bool, st
         )
     )
     return rows
+
+
+def host_check(store: Store, config: Config) -> tuple[bool, str, str, str]:
+    """This host's row among those sharing the queue: a failure if another machine holds
+    its name and is alive (each dispatch pass here is then refused)."""
+    from fleet.config import dead_after
+    from fleet.host import machine_id, owner
+    from fleet.timeutil import span
+
+    me, mine = owner(), machine_id()
+    found = [h for h in store.hosts(dead_after(config)) if h.name == me]
+    if not found:
+        return True, "host", f"{me}: not seen yet (its first dispatch pass records it)", ""
+    h = found[0]
+    seen = f"seen {span(h.silent_s)} ago"
+    if h.alive and h.machine_id and mine and h.machine_id != mine:
+        return (
+            False,
+            "host",
+            f"{me} is in use by another machine (machine id {h.machine_id}, {seen});"
+            f" this one is {mine}",
+            "give each host a unique hostname (hostnamectl set-hostname NAME)",
+        )
+    state = "alive" if h.alive else "silent"
+    return True, "host", f"{me}: {state}, {seen}, running {h.running}/{h.max_concurrent}", ""
 
 
 def worktree_checks(app: App, config: Config, fix: bool) -> list[tuple[bool, str, str, str]]:
