@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -331,3 +332,67 @@ def test_journal_upload_needs_system_scope_and_a_url(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "is not the URL of a systemd-journal-remote" in bad.stderr.splitlines()[0]
     assert not (tmp_path / "home" / "setup.json").exists()  # nothing was set up
+
+
+sandbox_factory = sandbox.sandbox_factory
+
+
+def test_one_task_run_on_two_hosts_reads_as_one_transcript(
+    remote: Remote, sandbox_factory: Any, pg_cluster: Any, tmp_path: Path
+) -> None:
+    """Two hosts on one PostgreSQL queue, both uploading: attempt 1 of a task on host-b,
+    attempt 2 on host-c, and `fleet logs` on a third host shows both, in order, by attempt."""
+    url = pg_cluster.new_database()
+    hosts = {}
+    for name in ("host-b", "host-c"):
+        box = sandbox_factory()
+        box.run("hostname", name)
+        make_journal_readable(box)
+        home = tmp_path / name
+        env = {"FLEET_HOME": str(home)}
+        box.run(FLEET, "config", "set", f"store={url}", "default_coder=replay", env=env)
+        hosts[name] = (box, env)
+    b, b_env = hosts["host-b"]
+    c, c_env = hosts["host-c"]
+    b.run(FLEET, "setup", "--system", "--journal-upload", remote.url, env=b_env)
+
+    project = tmp_path / "project"
+    project.mkdir()
+    # Blocked where it first runs (host-b), closed on host-c.
+    script = (
+        'echo "working on $(hostname)"; if [ "$(hostname)" = host-c ];'
+        ' then fleet close "$FLEET_TASK_ID"; else fleet block "$FLEET_TASK_ID" -r "not here"; fi'
+    )
+    name = replay(project / "s.jsonl", {"run": ["sh", "-c", script]})
+    add = ("add", "t", "--cwd", str(project), "-d", name)
+    task_id = b.run(FLEET, *add, env=b_env).stdout.strip()
+
+    def status() -> tuple[str, int]:
+        shown = json.loads(b.run(FLEET, "show", task_id, "--json", env=b_env).stdout)
+        return shown["status"] if shown["claimed_by"] is None else "claimed", shown["attempts"]
+
+    wait_for(lambda: status() == ("blocked", 1), 60, "attempt 1 on host-b to block the task")
+    wait_for(lambda: in_central(remote, task_id, f"MESSAGE_ID={MSG_ENDED}") == 1, 60, "upload")
+    # host-b claims no more; host-c joins and takes the task up again.
+    b.systemctl("stop", "fleet-claim.path", "fleet-claim.timer", "fleet-claim.service")
+    c.run(FLEET, "setup", "--system", "--journal-upload", remote.url, env=c_env)
+    c.run(FLEET, "retry", task_id, env=c_env)
+    wait_for(lambda: status() == ("done", 2), 60, "attempt 2 on host-c to close the task")
+    wait_for(lambda: in_central(remote, task_id, f"MESSAGE_ID={MSG_ENDED}") == 2, 60, "upload")
+
+    reader = tmp_path / "host-d"  # a host of its own: the same store, none of the journals
+    env = {"PATH": PATH, "LANG": "C.UTF-8", "FLEET_HOME": str(reader), "FLEET_STORE": url}
+    env["FLEET_JOURNAL_DIR"] = str(remote.output)
+    out = sandbox.run([FLEET, "logs", task_id, "--json"], env=env).stdout
+    records = [json.loads(line) for line in out.splitlines()]
+    worked = [(r["attempt"], r["message"]) for r in records if r["message"].startswith("working")]
+    assert worked == [(1, "working on host-b"), (2, "working on host-c")]
+    ends = [r["message"] for r in records if r["message"].startswith("attempt ")]
+    assert [e.split(":")[0] for e in ends] == [
+        "attempt 1 started",
+        "attempt 1 ended",
+        "attempt 2 started",
+        "attempt 2 ended",
+    ]
+    second = sandbox.run([FLEET, "logs", task_id, "--attempt", "2"], env=env).stdout
+    assert "working on host-c" in second and "host-b" not in second

@@ -272,7 +272,7 @@ def test_system_units_read_the_password_file_from_an_encrypted_credential(
         shown = json.loads(box.run(fleet, "show", task_id, "--json", env=person).stdout)
         return bool(shown["status"] == "done" and shown["claimed_by"] is None)
 
-    box.wait_for(done, 60, f"{task_id} to be claimed, run and reaped by the units")
+    box.wait_for(done, 120, f"{task_id} to be claimed, run and reaped by the units")
     outputs.append(box.run(fleet, "logs", task_id, env=person).stdout)
     assert "ran with the credential" in outputs[-1]
     journal = box.run("journalctl", "-o", "json", "--all", "--no-pager").stdout
@@ -293,7 +293,7 @@ def test_system_units_read_the_password_file_from_an_encrypted_credential(
     name = replay(project / "t.jsonl", {"event": "text", "text": "ran with PGPASSFILE"}, CLOSE)
     task_id = box.run(fleet, "add", "t", "--cwd", str(project), "-d", name, env=person).stdout
     task_id = task_id.strip()
-    box.wait_for(done, 60, f"{task_id} to be run by units that have PGPASSFILE")
+    box.wait_for(done, 120, f"{task_id} to be run by units that have PGPASSFILE")
 
 
 @pytest.mark.parametrize(
