@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,57 +23,13 @@ import pytest
 from fleet.events import MSG_ENDED
 from tests import sandbox
 from tests.conftest import fleet_exe
+from tests.journalrig import UPLOAD, Remote, free_port, in_central, make_journal_readable
 from tests.sandbox import PATH, Sandbox, wait_for
 from tests.test_journal import CLOSE, Fleet, replay
 
 systemd = sandbox.systemd
 
-REMOTE = "/lib/systemd/systemd-journal-remote"
-UPLOAD = "/lib/systemd/systemd-journal-upload"
 FLEET = fleet_exe()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-@dataclass
-class Remote:
-    """A running systemd-journal-remote: where it listens, and where it writes."""
-
-    port: int
-    output: Path
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [REMOTE, f"--listen-http=127.0.0.1:{self.port}", f"--output={self.output}/"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        proc = self.proc
-        wait_for(lambda: listening(self.port) or proc.poll() is not None, 30, "journal-remote")
-        assert proc.poll() is None, self.log.read_text()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-        self.proc = None
 
 
 @pytest.fixture(scope="module")
@@ -129,14 +83,6 @@ def dashboard_backlog(fleet: Fleet, task_id: str, journal_dir: Path) -> list[dic
 def upload_once(box: Sandbox, remote: Remote) -> None:
     """What the host's journal holds, sent to the server once (--follow=no: then it exits)."""
     box.run(UPLOAD, f"--url={remote.url}", "--follow=no")
-
-
-def in_central(remote: Remote, task_id: str, *matches: str) -> int:
-    out = sandbox.run(
-        ["journalctl", f"--directory={remote.output}", "-o", "json", "--no-pager",
-         f"FLEET_TASK_ID={task_id}", *matches],
-    ).stdout  # fmt: skip
-    return len(out.splitlines())
 
 
 def test_fleet_logs_on_another_host_reads_the_uploaded_transcript(
@@ -238,16 +184,6 @@ def read_until(proc: subprocess.Popen[bytes], wanted: str, timeout: float) -> li
         if not chunk:
             raise AssertionError(f"fleet logs -f ended before {wanted!r}: {lines}")
         buffer += chunk
-
-
-def make_journal_readable(box: Sandbox) -> None:
-    """What systemd-tmpfiles does at a real boot and the sandbox skips: the journal's files
-    belong to group systemd-journal, whose members (the uploader) may read them."""
-    box.run(
-        "sh", "-c",
-        "chgrp -R systemd-journal /run/log/journal"
-        " && find /run/log/journal -type d -exec chmod g+rxs {} +",
-    )  # fmt: skip
 
 
 def test_setup_journal_upload_streams_a_running_task_to_fleet_logs_follow(

@@ -1,10 +1,10 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, backends, hosts,
-units, recovery, stream, answer, messages, status, stats, telegram, telegram-units, web,
-web-units; default: all, in that order; units, recovery, stream, telegram-units and web-units
-boot a systemd sandbox and need root; backends and hosts start a PostgreSQL cluster of their
-own).
+units, recovery, remote-logs, stream, answer, messages, status, stats, telegram,
+telegram-units, web, web-units; default: all, in that order; units, recovery, remote-logs,
+stream, telegram-units and web-units boot a systemd sandbox and need root; backends and hosts
+start a PostgreSQL cluster of their own).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -28,6 +28,7 @@ from tests.bench import (
     bench_ls_json,
     bench_messages,
     bench_recovery,
+    bench_remote_logs,
     bench_stats,
     bench_status,
     bench_stream,
@@ -46,6 +47,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_hosts.NAME: bench_hosts.main,
     bench_units.NAME: bench_units.main,
     bench_recovery.NAME: bench_recovery.main,
+    bench_remote_logs.NAME: bench_remote_logs.main,
     bench_stream.NAME: bench_stream.main,
     bench_answer.NAME: bench_answer.main,
     bench_messages.NAME: bench_messages.main,
