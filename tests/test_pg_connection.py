@@ -110,8 +110,9 @@ def test_the_password_reaches_libpq_and_nothing_else(
         assert result.code == 0, result.err
         return result.out
 
-    # The agent prints its whole environment, FLEET_STORE included.
-    task_id = ok("add", "t", "--coder", "command", "-d", "env; echo done").strip()
+    # The agent prints its whole environment, FLEET_STORE included, and the password files.
+    show_all = 'env; cat "${PGPASSFILE:-$HOME/.pgpass}" "${FLEET_STORE_PASSFILE:-/dev/null}"'
+    task_id = ok("add", "t", "--coder", "command", "-d", f"{show_all}; echo done").strip()
     ran = subprocess.run(
         [fleet_exe("fleet-run"), task_id], cwd=project, capture_output=True, text=True,
         timeout=90, check=False,
@@ -124,6 +125,8 @@ def test_the_password_reaches_libpq_and_nothing_else(
     assert "done" in transcript
     if way == "url":
         assert "FLEET_STORE=postgresql://" in transcript  # the agent saw it, masked
+    else:
+        assert f":{role.name}:" in transcript  # the agent printed a password file, masked
     ok("config", "show")
     ok("config", "get", "store")
     ok("status")
@@ -264,7 +267,10 @@ def test_system_units_read_the_password_file_from_an_encrypted_credential(
 
     project = tmp_path / "project"
     project.mkdir()
-    name = replay(project / "s.jsonl", {"event": "text", "text": "ran with the credential"}, CLOSE)
+    # The agent prints systemd's copy of the credential: masked, as the runner read it too.
+    show = {"run": ["sh", "-c", 'cat "$CREDENTIALS_DIRECTORY/fleet.store.pgpass"']}
+    said = {"event": "text", "text": "ran with the credential"}
+    name = replay(project / "s.jsonl", said, show, CLOSE)
     task_id = box.run(fleet, "add", "t", "--cwd", str(project), "-d", name, env=person).stdout
     task_id = task_id.strip()
 
@@ -277,6 +283,7 @@ def test_system_units_read_the_password_file_from_an_encrypted_credential(
     assert "ran with the credential" in outputs[-1]
     journal = box.run("journalctl", "-o", "json", "--all", "--no-pager").stdout
     assert task_id in journal
+    assert f":{role.name}:" in outputs[-1]  # the file's line, its password masked
     for text in [*outputs, journal, unit, claim, dump(role.database, role.socket_dir)]:
         assert role.password not in text
 
