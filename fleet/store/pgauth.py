@@ -115,7 +115,8 @@ def file_passwords(path: str) -> list[str]:
     for line in text.splitlines():
         if line.startswith("#"):
             continue
-        fields, field, escaped = [], "", False
+        fields: list[str] = []
+        field, escaped = "", False
         for char in line:
             if escaped:
                 field, escaped = field + char, False
