@@ -372,3 +372,22 @@ def test_libpq_parameters_reach_libpq_from_the_url_or_its_variables(
     added = run_fleet("add", "t", "-d", "x", cwd=project)
     assert added.code == 6
     assert "read-only transaction" in added.err.splitlines()[0], added.err
+
+
+def test_the_passwords_of_a_password_file_as_libpq_reads_them(tmp_path: Path) -> None:
+    from fleet.store.pgauth import file_passwords
+
+    path = tmp_path / "pgpass"
+    path.write_text(
+        "# a comment:with:four:colons:here\n"
+        "db.example:5432:fleet:bob:plain-pw\n"
+        "*:*:*:ann:with\\:colon\\\\and-backslash\n"
+        "too:few:fields\n"
+        "h:p:d:u:last:colons:stay\n"
+    )
+    assert file_passwords(str(path)) == [
+        "plain-pw",
+        "with:colon\\and-backslash",
+        "last:colons:stay",
+    ]
+    assert file_passwords(str(tmp_path / "none")) == []
