@@ -557,8 +557,9 @@ SETTINGS: tuple[Setting, ...] = (
         "Seconds a host may be silent (no dispatch pass, no lease renewal) before another host"
         " sharing the queue recovers its claims whose leases have run out (their tasks run"
         " again elsewhere). Must exceed lease_seconds plus the renew period (a third of"
-        " lease_seconds), so a host that is only slow is never taken for dead; 0 means five"
-        " times lease_seconds (300 s with the default lease).",
+        " lease_seconds) plus stop_grace_seconds, so that no agent of such a claim can still"
+        " be running; 0 means five times lease_seconds plus stop_grace_seconds (310 s by"
+        " default).",
         0,
         7 * 86400,
     ),
