@@ -201,6 +201,10 @@ def test_setup_journal_upload_streams_a_running_task_to_fleet_logs_follow(
     # A later run without the option keeps it.
     fleet("setup", "--system")
     assert fleet.box.systemctl("is-active", "systemd-journal-upload.service").stdout == "active\n"
+    rows = json.loads(fleet("doctor", "--system", "--json", check=False).stdout)
+    [row] = [r for r in rows if r["check"] == "journal-upload"]
+    assert row["ok"], row
+    assert row["detail"] == f"systemd-journal-upload.service active, sending to {remote.url}"
 
     project = fleet.project("live")
     lines = ({"event": "text", "text": f"live line {n}"} for n in range(1, 201))
