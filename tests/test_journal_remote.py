@@ -118,6 +118,16 @@ def test_fleet_logs_on_another_host_reads_the_uploaded_transcript(
     records = [json.loads(line) for line in there.stdout.splitlines()]
     assert [r["message"] for r in records if r["event"] == "tool_call"] == ["→ Bash: make test"]
     assert {r["attempt"] for r in records if "attempt" in r} == {1}
+    # The unit's journal too, PID 1's lines about it included, as `journalctl -u` reads it.
+    unit = f"fleet-task@{task_id}.service"
+    central = sandbox.run(
+        ["journalctl", f"--directory={remote.output}", "--no-pager", "-o", "cat", "-u", unit]
+    ).stdout.splitlines()
+    # (PID 1 may write its last lines about the unit after the upload: compared up to there.)
+    assert central == fleet.unit_lines(task_id)[: len(central)]
+    assert f"Started {unit} - fleet task {task_id}." in central
+    reaped = f"{task_id}: success → done"  # fleet-reap's line, written before the task settled
+    assert any(line.startswith(reaped) for line in central), central
     # The dashboard's task panel reads the same files.
     panel = dashboard_backlog(fleet, task_id, remote.output)
     assert [json.dumps(r, ensure_ascii=False) for r in panel] == here
