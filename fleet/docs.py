@@ -472,7 +472,8 @@ def transcripts_across_hosts() -> list[str]:
         f" --journal-upload URL`, which writes {upload.CONF} (URL=) and a drop-in"
         f" {upload.DROP_IN} that restarts the uploader every {upload.RESTART_SEC} s whenever"
         " it stops (systemd 252's uploader exits when it cannot connect), then enables and"
-        " starts systemd-journal-upload.service; it goes on from its saved cursor.",
+        " starts systemd-journal-upload.service; it goes on from its saved cursor. `fleet"
+        " doctor` then reports whether the uploader runs, and where it sends.",
         "fleet does not install, run or configure systemd-journal-remote, its certificates or"
         " its retention: on the central host, `systemctl enable --now"
         " systemd-journal-remote.socket` (port 19532, HTTPS with the keys journal-remote.conf(5)"
