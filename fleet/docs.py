@@ -462,13 +462,18 @@ def transcripts_across_hosts() -> list[str]:
         " systemd-journal-remote (Debian package systemd-journal-remote), and `fleet logs`"
         " on any host whose journal_dir names journal-remote's output directory reads them"
         " there (journalctl --directory), with the same matches on the task's fields, its"
-        " attempts, -n and --follow. When journal_dir holds nothing of the task, `fleet logs`"
-        " says so and exits with status 3 instead of printing nothing.",
+        " attempts, -n and --follow, and the dashboard's and the Telegram bot's transcripts"
+        " too. With journal_dir set, that directory is all they read: a task run on this host"
+        " shows once this host has uploaded it. When the transcript is not where `fleet logs`"
+        " looks (journal_dir holds nothing of the task, or without journal_dir it ran on"
+        " another host), it says so, naming the host that ran it, and exits with status 3"
+        " instead of printing nothing.",
         "fleet ships two things: reading journal_dir, and `fleet setup --system"
         f" --journal-upload URL`, which writes {upload.CONF} (URL=) and a drop-in"
         f" {upload.DROP_IN} that restarts the uploader every {upload.RESTART_SEC} s whenever"
         " it stops (systemd 252's uploader exits when it cannot connect), then enables and"
-        " starts systemd-journal-upload.service; it goes on from its saved cursor.",
+        " starts systemd-journal-upload.service; it goes on from its saved cursor. `fleet"
+        " doctor` then reports whether the uploader runs, and where it sends.",
         "fleet does not install, run or configure systemd-journal-remote, its certificates or"
         " its retention: on the central host, `systemctl enable --now"
         " systemd-journal-remote.socket` (port 19532, HTTPS with the keys journal-remote.conf(5)"

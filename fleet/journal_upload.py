@@ -87,3 +87,15 @@ def remove() -> None:
     for path in (CONF, DROP_IN):
         path.unlink(missing_ok=True)
     systemd.systemctl("system", "daemon-reload")
+
+
+def checks(scope: str) -> list[tuple[bool, str, str, str]]:
+    """`fleet doctor`'s rows: the uploader, where `fleet setup --journal-upload` set it up."""
+    from fleet import systemd
+
+    url = installed()
+    if scope != "system" or url is None:
+        return []
+    state = systemd.systemctl("system", "is-active", SERVICE, check=False).strip() or "unknown"
+    fix = f"journalctl -u {SERVICE} says why; systemctl restart {SERVICE}"
+    return [(state == "active", "journal-upload", f"{SERVICE} {state}, sending to {url}", fix)]

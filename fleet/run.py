@@ -831,7 +831,7 @@ class Runner:
         # API keys from systemd credentials (fleet.credentials): secrets whatever their names.
         from fleet.credentials import load as load_credentials
         from fleet.store import store_url
-        from fleet.store.pgauth import url_passwords
+        from fleet.store.pgauth import store_passwords
         from fleet.systemd import current_scope
 
         self.secrets = load_credentials(self.config.values, self.coder_name, current_scope())
@@ -839,7 +839,7 @@ class Runner:
             [
                 *secret_values({**os.environ, **coder_env}, names),
                 *secret_values(self.secrets, self.secrets),
-                *url_passwords(store_url(self.paths)),
+                *store_passwords(store_url(self.paths), self.config.get_str("store_passfile")),
             ]
         )
         # By hand (no journal), `fleet logs` reads the events from the task's directory instead.

@@ -232,10 +232,10 @@ SETTINGS: tuple[Setting, ...] = (
         "journal_dir",
         "str",
         "",
-        "A directory of journal files that `fleet logs` reads transcripts from instead of"
-        " this host's journal: the output directory of a central systemd-journal-remote,"
-        " which systemd-journal-upload on every host feeds (`fleet setup --journal-upload"
-        " URL`). Empty: this host's journal only.",
+        "A directory of journal files that `fleet logs`, the dashboard and the bot read"
+        " transcripts from instead of this host's journal: the output directory of a"
+        " central systemd-journal-remote, which systemd-journal-upload on every host feeds"
+        " (`fleet setup --journal-upload URL`). Empty: this host's journal only.",
         pattern=r"(/.*)?",
         example="an absolute path, such as /var/log/journal/remote",
     ),

@@ -11,70 +11,25 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fleet.events import MSG_ENDED
 from tests import sandbox
 from tests.conftest import fleet_exe
+from tests.journalrig import UPLOAD, Remote, free_port, in_central, make_journal_readable
 from tests.sandbox import PATH, Sandbox, wait_for
 from tests.test_journal import CLOSE, Fleet, replay
 
 systemd = sandbox.systemd
 
-REMOTE = "/lib/systemd/systemd-journal-remote"
-UPLOAD = "/lib/systemd/systemd-journal-upload"
 FLEET = fleet_exe()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-@dataclass
-class Remote:
-    """A running systemd-journal-remote: where it listens, and where it writes."""
-
-    port: int
-    output: Path
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [REMOTE, f"--listen-http=127.0.0.1:{self.port}", f"--output={self.output}/"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        proc = self.proc
-        wait_for(lambda: listening(self.port) or proc.poll() is not None, 30, "journal-remote")
-        assert proc.poll() is None, self.log.read_text()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-        self.proc = None
 
 
 @pytest.fixture(scope="module")
@@ -130,14 +85,6 @@ def upload_once(box: Sandbox, remote: Remote) -> None:
     box.run(UPLOAD, f"--url={remote.url}", "--follow=no")
 
 
-def in_central(remote: Remote, task_id: str, *matches: str) -> int:
-    out = sandbox.run(
-        ["journalctl", f"--directory={remote.output}", "-o", "json", "--no-pager",
-         f"FLEET_TASK_ID={task_id}", *matches],
-    ).stdout  # fmt: skip
-    return len(out.splitlines())
-
-
 def test_fleet_logs_on_another_host_reads_the_uploaded_transcript(
     fleet: Fleet, remote: Remote
 ) -> None:
@@ -155,14 +102,15 @@ def test_fleet_logs_on_another_host_reads_the_uploaded_transcript(
     upload_once(fleet.box, remote)
     wait_for(
         lambda: in_central(remote, task_id, f"MESSAGE_ID={MSG_ENDED}") == 1,
-        30,
+        60,
         "the attempt's end in the central journal",
     )
 
-    # This host's own journal has none of it: without journal_dir there is nothing to show.
-    assert (
-        "reading the code on host A"
-        not in elsewhere(fleet, "logs", task_id, journal_dir=None, check=False).stdout
+    # This host's own journal has none of it: without journal_dir, fleet logs says where it is.
+    alone = elsewhere(fleet, "logs", task_id, journal_dir=None, check=False)
+    assert (alone.returncode, alone.stdout) == (3, ""), alone
+    assert alone.stderr.splitlines()[0] == (
+        f"fleet: error: this host's journal holds no entries of task {task_id}: it ran on host-a"
     )
     # With journal_dir, the same transcript as on the host that ran it, entry for entry.
     here = fleet("logs", task_id, "--json").stdout.splitlines()
@@ -171,6 +119,16 @@ def test_fleet_logs_on_another_host_reads_the_uploaded_transcript(
     records = [json.loads(line) for line in there.stdout.splitlines()]
     assert [r["message"] for r in records if r["event"] == "tool_call"] == ["→ Bash: make test"]
     assert {r["attempt"] for r in records if "attempt" in r} == {1}
+    # The unit's journal too, PID 1's lines about it included, as `journalctl -u` reads it.
+    unit = f"fleet-task@{task_id}.service"
+    central = sandbox.run(
+        ["journalctl", f"--directory={remote.output}", "--no-pager", "-o", "cat", "-u", unit]
+    ).stdout.splitlines()
+    # (PID 1 may write its last lines about the unit after the upload: compared up to there.)
+    assert central == fleet.unit_lines(task_id)[: len(central)]
+    assert f"Started {unit} - fleet task {task_id}." in central
+    reaped = f"{task_id}: success → done"  # fleet-reap's line, written before the task settled
+    assert any(line.startswith(reaped) for line in central), central
     # The dashboard's task panel reads the same files.
     panel = dashboard_backlog(fleet, task_id, remote.output)
     assert [json.dumps(r, ensure_ascii=False) for r in panel] == here
@@ -239,16 +197,6 @@ def read_until(proc: subprocess.Popen[bytes], wanted: str, timeout: float) -> li
         buffer += chunk
 
 
-def make_journal_readable(box: Sandbox) -> None:
-    """What systemd-tmpfiles does at a real boot and the sandbox skips: the journal's files
-    belong to group systemd-journal, whose members (the uploader) may read them."""
-    box.run(
-        "sh", "-c",
-        "chgrp -R systemd-journal /run/log/journal"
-        " && find /run/log/journal -type d -exec chmod g+rxs {} +",
-    )  # fmt: skip
-
-
 def test_setup_journal_upload_streams_a_running_task_to_fleet_logs_follow(
     fleet: Fleet, remote: Remote
 ) -> None:
@@ -264,6 +212,10 @@ def test_setup_journal_upload_streams_a_running_task_to_fleet_logs_follow(
     # A later run without the option keeps it.
     fleet("setup", "--system")
     assert fleet.box.systemctl("is-active", "systemd-journal-upload.service").stdout == "active\n"
+    rows = json.loads(fleet("doctor", "--system", "--json", check=False).stdout)
+    [row] = [r for r in rows if r["check"] == "journal-upload"]
+    assert row["ok"], row
+    assert row["detail"] == f"systemd-journal-upload.service active, sending to {remote.url}"
 
     project = fleet.project("live")
     lines = ({"event": "text", "text": f"live line {n}"} for n in range(1, 201))
@@ -274,7 +226,7 @@ def test_setup_journal_upload_streams_a_running_task_to_fleet_logs_follow(
         [FLEET, "logs", "-f", task_id], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env
     ) as follow:
         try:
-            got = read_until(follow, "attempt 1 ended: success", 60)
+            got = read_until(follow, "attempt 1 ended: success", 120)
         finally:
             follow.terminate()
     texts = [line.split(None, 3)[-1] for line in got]
@@ -292,7 +244,7 @@ def test_setup_journal_upload_streams_a_running_task_to_fleet_logs_follow(
     remote.start()
     wait_for(
         lambda: in_central(remote, second, f"MESSAGE_ID={MSG_ENDED}") == 1,
-        60,
+        120,
         "the upload to resume after journal-remote came back",
     )
     assert in_central(remote, task_id, "FLEET_EVENT=text") == 200  # nothing sent twice
@@ -331,3 +283,67 @@ def test_journal_upload_needs_system_scope_and_a_url(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "is not the URL of a systemd-journal-remote" in bad.stderr.splitlines()[0]
     assert not (tmp_path / "home" / "setup.json").exists()  # nothing was set up
+
+
+sandbox_factory = sandbox.sandbox_factory
+
+
+def test_one_task_run_on_two_hosts_reads_as_one_transcript(
+    remote: Remote, sandbox_factory: Any, pg_cluster: Any, tmp_path: Path
+) -> None:
+    """Two hosts on one PostgreSQL queue, both uploading: attempt 1 of a task on host-b,
+    attempt 2 on host-c, and `fleet logs` on a third host shows both, in order, by attempt."""
+    url = pg_cluster.new_database()
+    hosts = {}
+    for name in ("host-b", "host-c"):
+        box = sandbox_factory()
+        box.run("hostname", name)
+        make_journal_readable(box)
+        home = tmp_path / name
+        env = {"FLEET_HOME": str(home)}
+        box.run(FLEET, "config", "set", f"store={url}", "default_coder=replay", env=env)
+        hosts[name] = (box, env)
+    b, b_env = hosts["host-b"]
+    c, c_env = hosts["host-c"]
+    b.run(FLEET, "setup", "--system", "--journal-upload", remote.url, env=b_env)
+
+    project = tmp_path / "project"
+    project.mkdir()
+    # Blocked where it first runs (host-b), closed on host-c.
+    script = (
+        'echo "working on $(hostname)"; if [ "$(hostname)" = host-c ];'
+        ' then fleet close "$FLEET_TASK_ID"; else fleet block "$FLEET_TASK_ID" -r "not here"; fi'
+    )
+    name = replay(project / "s.jsonl", {"run": ["sh", "-c", script]})
+    add = ("add", "t", "--cwd", str(project), "-d", name)
+    task_id = b.run(FLEET, *add, env=b_env).stdout.strip()
+
+    def status() -> tuple[str, int]:
+        shown = json.loads(b.run(FLEET, "show", task_id, "--json", env=b_env).stdout)
+        return shown["status"] if shown["claimed_by"] is None else "claimed", shown["attempts"]
+
+    wait_for(lambda: status() == ("blocked", 1), 120, "attempt 1 on host-b to block the task")
+    wait_for(lambda: in_central(remote, task_id, f"MESSAGE_ID={MSG_ENDED}") == 1, 120, "upload")
+    # host-b claims no more; host-c joins and takes the task up again.
+    b.systemctl("stop", "fleet-claim.path", "fleet-claim.timer", "fleet-claim.service")
+    c.run(FLEET, "setup", "--system", "--journal-upload", remote.url, env=c_env)
+    c.run(FLEET, "retry", task_id, env=c_env)
+    wait_for(lambda: status() == ("done", 2), 120, "attempt 2 on host-c to close the task")
+    wait_for(lambda: in_central(remote, task_id, f"MESSAGE_ID={MSG_ENDED}") == 2, 120, "upload")
+
+    reader = tmp_path / "host-d"  # a host of its own: the same store, none of the journals
+    env = {"PATH": PATH, "LANG": "C.UTF-8", "FLEET_HOME": str(reader), "FLEET_STORE": url}
+    env["FLEET_JOURNAL_DIR"] = str(remote.output)
+    out = sandbox.run([FLEET, "logs", task_id, "--json"], env=env).stdout
+    records = [json.loads(line) for line in out.splitlines()]
+    worked = [(r["attempt"], r["message"]) for r in records if r["message"].startswith("working")]
+    assert worked == [(1, "working on host-b"), (2, "working on host-c")]
+    ends = [r["message"] for r in records if r["message"].startswith("attempt ")]
+    assert [e.split(":")[0] for e in ends] == [
+        "attempt 1 started",
+        "attempt 1 ended",
+        "attempt 2 started",
+        "attempt 2 ended",
+    ]
+    second = sandbox.run([FLEET, "logs", task_id, "--attempt", "2"], env=env).stdout
+    assert "working on host-c" in second and "host-b" not in second

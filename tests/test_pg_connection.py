@@ -110,8 +110,9 @@ def test_the_password_reaches_libpq_and_nothing_else(
         assert result.code == 0, result.err
         return result.out
 
-    # The agent prints its whole environment, FLEET_STORE included.
-    task_id = ok("add", "t", "--coder", "command", "-d", "env; echo done").strip()
+    # The agent prints its whole environment, FLEET_STORE included, and the password files.
+    show_all = 'env; cat "${PGPASSFILE:-$HOME/.pgpass}" "${FLEET_STORE_PASSFILE:-/dev/null}"'
+    task_id = ok("add", "t", "--coder", "command", "-d", f"{show_all}; echo done").strip()
     ran = subprocess.run(
         [fleet_exe("fleet-run"), task_id], cwd=project, capture_output=True, text=True,
         timeout=90, check=False,
@@ -124,6 +125,8 @@ def test_the_password_reaches_libpq_and_nothing_else(
     assert "done" in transcript
     if way == "url":
         assert "FLEET_STORE=postgresql://" in transcript  # the agent saw it, masked
+    else:
+        assert f":{role.name}:" in transcript  # the agent printed a password file, masked
     ok("config", "show")
     ok("config", "get", "store")
     ok("status")
@@ -264,7 +267,10 @@ def test_system_units_read_the_password_file_from_an_encrypted_credential(
 
     project = tmp_path / "project"
     project.mkdir()
-    name = replay(project / "s.jsonl", {"event": "text", "text": "ran with the credential"}, CLOSE)
+    # The agent prints systemd's copy of the credential: masked, as the runner read it too.
+    show = {"run": ["sh", "-c", 'cat "$CREDENTIALS_DIRECTORY/fleet.store.pgpass"']}
+    said = {"event": "text", "text": "ran with the credential"}
+    name = replay(project / "s.jsonl", said, show, CLOSE)
     task_id = box.run(fleet, "add", "t", "--cwd", str(project), "-d", name, env=person).stdout
     task_id = task_id.strip()
 
@@ -272,11 +278,12 @@ def test_system_units_read_the_password_file_from_an_encrypted_credential(
         shown = json.loads(box.run(fleet, "show", task_id, "--json", env=person).stdout)
         return bool(shown["status"] == "done" and shown["claimed_by"] is None)
 
-    box.wait_for(done, 60, f"{task_id} to be claimed, run and reaped by the units")
+    box.wait_for(done, 120, f"{task_id} to be claimed, run and reaped by the units")
     outputs.append(box.run(fleet, "logs", task_id, env=person).stdout)
     assert "ran with the credential" in outputs[-1]
     journal = box.run("journalctl", "-o", "json", "--all", "--no-pager").stdout
     assert task_id in journal
+    assert f":{role.name}:" in outputs[-1]  # the file's line, its password masked
     for text in [*outputs, journal, unit, claim, dump(role.database, role.socket_dir)]:
         assert role.password not in text
 
@@ -293,7 +300,7 @@ def test_system_units_read_the_password_file_from_an_encrypted_credential(
     name = replay(project / "t.jsonl", {"event": "text", "text": "ran with PGPASSFILE"}, CLOSE)
     task_id = box.run(fleet, "add", "t", "--cwd", str(project), "-d", name, env=person).stdout
     task_id = task_id.strip()
-    box.wait_for(done, 60, f"{task_id} to be run by units that have PGPASSFILE")
+    box.wait_for(done, 120, f"{task_id} to be run by units that have PGPASSFILE")
 
 
 @pytest.mark.parametrize(
@@ -365,3 +372,22 @@ def test_libpq_parameters_reach_libpq_from_the_url_or_its_variables(
     added = run_fleet("add", "t", "-d", "x", cwd=project)
     assert added.code == 6
     assert "read-only transaction" in added.err.splitlines()[0], added.err
+
+
+def test_the_passwords_of_a_password_file_as_libpq_reads_them(tmp_path: Path) -> None:
+    from fleet.store.pgauth import file_passwords
+
+    path = tmp_path / "pgpass"
+    path.write_text(
+        "# a comment:with:four:colons:here\n"
+        "db.example:5432:fleet:bob:plain-pw\n"
+        "*:*:*:ann:with\\:colon\\\\and-backslash\n"
+        "too:few:fields\n"
+        "h:p:d:u:last:colons:stay\n"
+    )
+    assert file_passwords(str(path)) == [
+        "plain-pw",
+        "with:colon\\and-backslash",
+        "last:colons:stay",
+    ]
+    assert file_passwords(str(tmp_path / "none")) == []

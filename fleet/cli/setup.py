@@ -419,6 +419,9 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     results.extend(containment.checks(config, scope))
     results.extend(worktree_checks(app, config, repair))
     results.extend(notify_checks(app, config, scope))
+    from fleet import journal_upload
+
+    results.extend(journal_upload.checks(scope))
     return results
 
 

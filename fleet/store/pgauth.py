@@ -15,7 +15,8 @@ things:
   encrypt`) of every such unit, so the unit reads systemd's private copy and the file itself
   may be readable by root alone.
 
-Invariant: no password passes through fleet's code: fleet handles paths, libpq reads the files.
+Invariant: fleet hands libpq paths, never a password; it reads a password (from the URL, or
+from the password files it knows of) only to mask it in what an agent prints.
 """
 
 from __future__ import annotations
@@ -100,3 +101,43 @@ def scrub(text: str, url: str) -> str:
     for password in url_passwords(url):
         text = text.replace(password, "***")
     return text
+
+
+def file_passwords(path: str) -> list[str]:
+    """The passwords of a password file (HOST:PORT:DATABASE:USER:PASSWORD lines, `\\:` and
+    `\\\\` escaped), for the runner's redactor alone: the agent runs in the same unit, and
+    could print systemd's copy of the credential or any file it can read."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return []
+    found = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        fields: list[str] = []
+        field, escaped = "", False
+        for char in line:
+            if escaped:
+                field, escaped = field + char, False
+            elif char == "\\":
+                escaped = True
+            elif char == ":" and len(fields) < 4:
+                fields, field = [*fields, field], ""
+            else:
+                field += char
+        if len(fields) == 4 and field:
+            found.append(field)
+    return found
+
+
+def store_passwords(url: str, setting: str) -> list[str]:
+    """Every password this process could hand libpq for the store at `url`: in the URL, and in
+    the password files it would use (store_passfile or its credential, PGPASSFILE or
+    ~/.pgpass)."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return []
+    # libpq's own: PGPASSFILE, else ~/.pgpass.
+    default = os.environ.get("PGPASSFILE") or os.path.expanduser("~/.pgpass")
+    files = {passfile(os.path.expanduser(setting)), default} - {""}
+    return [*url_passwords(url), *(p for f in sorted(files) for p in file_passwords(f))]

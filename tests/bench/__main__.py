@@ -1,10 +1,11 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, backends, hosts,
-affinity, listen, units, connections, recovery, stream, answer, messages, status, stats,
-telegram, telegram-units, web, web-units; default: all, in that order; units, connections,
-recovery, stream, telegram-units and web-units boot a systemd sandbox and need root; backends,
-hosts, affinity, listen and connections start a PostgreSQL cluster of their own).
+affinity, listen, units, connections, recovery, remote-logs, stream, answer, messages, status,
+stats, telegram, telegram-units, web, web-units; default: all, in that order; units,
+connections, recovery, remote-logs, stream, telegram-units and web-units boot a systemd sandbox
+and need root; backends, hosts, affinity, listen and connections start a PostgreSQL cluster of
+their own).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -31,6 +32,7 @@ from tests.bench import (
     bench_ls_json,
     bench_messages,
     bench_recovery,
+    bench_remote_logs,
     bench_stats,
     bench_status,
     bench_stream,
@@ -52,6 +54,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_units.NAME: bench_units.main,
     bench_connections.NAME: bench_connections.main,
     bench_recovery.NAME: bench_recovery.main,
+    bench_remote_logs.NAME: bench_remote_logs.main,
     bench_stream.NAME: bench_stream.main,
     bench_answer.NAME: bench_answer.main,
     bench_messages.NAME: bench_messages.main,
