@@ -1,0 +1,186 @@
+"""Three hosts on one PostgreSQL queue, end to end: real systemd on each (tests/multihost.py), real
+units, the real database.
+
+What must hold: each host runs at most its own `max_concurrent` and fills it while work is
+ready; every task runs exactly once whichever host takes it; every host sees every task; and
+however many claimers race on however many hosts, no task is claimed twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from tests import multihost
+from tests.multihost import Host, fill, race, rows, wait_settled
+from tests.sandbox import wait_for
+
+three_hosts = multihost.three_hosts
+host_factory = multihost.host_factory
+
+# Each task's agent: says on which host it starts and ends, in one log that every host sees,
+# and runs until the test lets it end (its release file appears).
+HOLD = (
+    'echo "start $(uname -n) $FLEET_TASK_ID" >> log;'
+    ' until [ -e "release/$FLEET_TASK_ID" ]; do sleep 0.05; done;'
+    ' echo "end $(uname -n) $FLEET_TASK_ID" >> log'
+)
+
+
+def add_batch(host: Host, n: int, script: str) -> list[str]:
+    """`n` tasks running `script`, added on `host` with one `fleet add --batch`."""
+    lines = "".join(
+        json.dumps({"title": f"task {i}", "description": script}) + "\n" for i in range(n)
+    )
+    batch = host.project / f"batch-{host.name}.jsonl"
+    batch.write_text(lines)
+    return host("add", "--batch", str(batch), "--cwd", str(host.project)).stdout.split()
+
+
+def log_lines(project: Path) -> list[tuple[str, str, str]]:
+    """(start|end, host, task id), in the order the agents wrote them."""
+    path = project / "log"
+    text = path.read_text() if path.exists() else ""
+    return [(w[0], w[1], w[2]) for w in (line.split() for line in text.splitlines())]
+
+
+def release(project: Path, *task_ids: str) -> None:
+    for task_id in task_ids:
+        (project / "release" / task_id).touch()
+
+
+def running_on(fleet_hosts: list[Host]) -> dict[str, list[str]]:
+    return {h.name: h.running() for h in fleet_hosts}
+
+
+def statuses(host: Host) -> Counter[str]:
+    """How many tasks are in each status, as `fleet ls` on `host` says."""
+    return Counter(str(t["status"]) for t in host.json("ls", "--all"))
+
+
+def ready(store: str) -> int:
+    """How many tasks wait, read from the database (cheaper to poll than a `fleet` run)."""
+    return int(rows(store, "SELECT count(*) FROM tasks WHERE status = 'ready'")[0][0])
+
+
+def wake(fleet_hosts: list[Host]) -> None:
+    """A dispatch pass on each host, one after the other (what each one's timer would start)."""
+    for host in fleet_hosts:
+        host.poke()
+
+
+def test_tasks_spread_over_the_hosts_up_to_each_cap(three_hosts: list[Host]) -> None:
+    a, b, c = three_hosts
+    project = a.project
+    (project / "release").mkdir()
+    task_ids = add_batch(a, 9, HOLD)  # 9 tasks for 1 + 2 + 3 slots
+    wake([b, c])
+    wait_for(
+        lambda: [len(ids) for ids in running_on(three_hosts).values()] == [1, 2, 3],
+        60,
+        "each host running as many tasks as its cap",
+    )
+    # Every host full: another pass anywhere claims nothing.
+    wake(three_hosts)
+    now = running_on(three_hosts)
+    assert [len(ids) for ids in now.values()] == [1, 2, 3]
+    assert statuses(a) == {"running": 6, "ready": 3}
+    claimed = dict(rows(a.store, "SELECT id, claimed_by FROM tasks WHERE claimed_by IS NOT NULL"))
+    assert claimed == {t: name for name, ids in now.items() for t in ids}
+
+    # A slot frees on host-a: host-a (and nobody else: the others are full) takes one more.
+    release(project, *now["host-a"])
+    wait_for(
+        lambda: a.running() not in ([], now["host-a"]) and ready(a.store) == 2,
+        60,
+        "host-a to take a waiting task once its own ended",
+    )
+    # Two free on host-b: it takes the last two.
+    release(project, *now["host-b"])
+    wait_for(
+        lambda: (
+            [len(ids) for ids in running_on(three_hosts).values()] == [1, 2, 3]
+            and ready(a.store) == 0
+        ),
+        60,
+        "host-b to take the last two",
+    )
+    later = running_on(three_hosts)
+    assert set(later["host-c"]) == set(now["host-c"])
+
+    release(project, *task_ids)
+    assert wait_settled(three_hosts, task_ids) == dict.fromkeys(task_ids, "done")
+    log = log_lines(project)
+    # Every task ran exactly once, start to end, on the host its one attempt names.
+    for task_id in task_ids:
+        (attempt,) = c.show(task_id)["attempt_log"]
+        assert attempt["outcome"] == "success"
+        mine = [(what, host) for what, host, t in log if t == task_id]
+        assert mine == [("start", attempt["owner"]), ("end", attempt["owner"])]
+    # And no host ever ran more than its cap at once, and each ran that many.
+    for host in three_hosts:
+        depth, peak = 0, 0
+        for what, name, _ in log:
+            if name == host.name:
+                depth += 1 if what == "start" else -1
+                peak = max(peak, depth)
+        assert peak == host.cap, (host.name, log)
+    for host in three_hosts:
+        host.quiesce()
+
+
+def test_every_host_sees_every_task(three_hosts: list[Host]) -> None:
+    a, b, c = three_hosts
+    (a.project / "release").mkdir()
+    task_ids = add_batch(b, 7, HOLD)
+    wake([a, c])
+    wait_for(
+        lambda: sum(len(ids) for ids in running_on(three_hosts).values()) == 6,
+        60,
+        "six tasks running over the three hosts",
+    )
+    where = {t: name for name, ids in running_on(three_hosts).items() for t in ids}
+    (waiting,) = set(task_ids) - set(where)
+    for host in three_hosts:
+        listed = {str(t["id"]): t for t in host.json("ls")}
+        assert set(listed) == set(task_ids)
+        assert {t: listed[t]["claimed_by"] for t in where} == where
+        assert (listed[waiting]["status"], listed[waiting]["claimed_by"]) == ("ready", None)
+        for task_id, name in list(where.items())[:2]:
+            shown = host.show(task_id)
+            assert shown["status"] == "running"
+            assert [a["owner"] for a in shown["attempt_log"]] == [name]
+        status = host.json("status")
+        assert (status["counts"]["running"], status["counts"]["ready"]) == (6, 1)
+        assert status["counts"]["cap"] == host.cap  # the cap is each host's own
+        assert {r["id"] for r in status["running"]} == set(where)
+        table = host("ls").stdout
+        assert all(t in table for t in task_ids)
+    release(a.project, *task_ids)
+    assert wait_settled(three_hosts, task_ids) == dict.fromkeys(task_ids, "done")
+    for host in three_hosts:
+        assert statuses(host) == {"done": 7}
+        host.quiesce()
+
+
+def test_eight_claimers_on_three_hosts_never_claim_a_task_twice(
+    host_factory: Callable[..., list[Host]],
+) -> None:
+    # Dispatching is off on every host: only the claimer processes claim.
+    fleet_hosts = host_factory()
+    for host in fleet_hosts:
+        host.quiesce()
+    task_ids = fill(fleet_hosts[0].store, 1_000, fleet_hosts[0].project)
+    result = race(fleet_hosts, [3, 3, 2])
+    got = [t for _, ids in result.got for t in ids]
+    assert sorted(got) == sorted(task_ids)  # each handed out once, none left over
+    store = fleet_hosts[0].store
+    attempts = dict(rows(store, "SELECT task, count(*) FROM attempts GROUP BY task"))
+    assert attempts == dict.fromkeys(task_ids, 1)
+    holder = dict(rows(store, "SELECT id, claimed_by FROM tasks WHERE status = 'running'"))
+    assert holder == {t: name for name, ids in result.got for t in ids}
+    owners = dict(rows(store, "SELECT task, owner FROM attempts"))
+    assert owners == holder
+    assert set(holder.values()) <= {"host-a", "host-b", "host-c"}
