@@ -215,16 +215,20 @@ def boot_host(
     project: Path,
     cap: int,
     settings: Mapping[str, str | int],
+    setup: bool = True,
 ) -> Host:
-    """Boots the machine `name` in `directory` and sets fleet up there on `store`, with its
-    configuration file written as an administrator would (one `fleet` run less per host)."""
+    """Boots the machine `name` in `directory` and writes its configuration file on `store`
+    as an administrator would (one `fleet` run less per host); with `setup`, runs `fleet setup
+    --system` there (without, no unit of fleet's is installed: only what the test starts
+    runs)."""
     box = Sandbox.boot(directory / "machine", hostname=name)
     try:
         host = Host(name, box, directory / "home", project, cap, store)
         host.home.mkdir(mode=0o700)
         every = {"store": store, "max_concurrent": cap, **SETTINGS, **settings}
         (host.home / "config.toml").write_text(toml(every))
-        host.setup()
+        if setup:
+            host.setup()
     except BaseException:
         with contextlib.suppress(SandboxError):
             box.stop()
@@ -239,15 +243,19 @@ def boot_hosts(
     caps: Sequence[int] = CAPS,
     settings: Mapping[str, str | int] | None = None,
     names: Sequence[str] = NAMES,
+    setup: bool = True,
 ) -> Iterator[list[Host]]:
-    """One host per cap, named from `names`, all on `store`; stopped (those still up) after.
+    """One host per cap, named from `names`, all on `store` (set up unless `setup` is
+    false, see boot_host); stopped (those still up) after.
 
     They boot and set up side by side: each is mostly waiting for its own systemd."""
     project = directory / "project"
     project.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(len(caps)) as pool:
         futures = [
-            pool.submit(boot_host, directory / name, name, store, project, cap, settings or {})
+            pool.submit(
+                boot_host, directory / name, name, store, project, cap, settings or {}, setup
+            )
             for name, cap in zip(names, caps, strict=False)
         ]
         booted = [f.exception() or f.result() for f in futures]
