@@ -141,6 +141,14 @@ ACTIONS: dict[str, Action] = {
         "@FLEET_BY@ cancelled fleet task @FLEET_TASK_ID@: it is never claimed again unless"
         " retried.",
     ),
+    "recovered": Action(
+        "a3152e3cb97d42088748c3fa1093ce6d",
+        "A lost fleet task attempt was recovered from another host",
+        "Host @FLEET_BY_HOST@ released attempt @FLEET_ATTEMPT@ of fleet task @FLEET_TASK_ID@,"
+        " claimed by host @FLEET_HOST@: its lease had run out and that host had been silent"
+        " longer than host_dead_after. The task is ready to run again (or blocked, if it was"
+        " lost max_lost times in a row).",
+    ),
     "retried": Action(
         "d174c4e118664224903da4b58d144a15",
         "A fleet task was put back to ready",

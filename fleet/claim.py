@@ -1,12 +1,14 @@
 """fleet-claim: one dispatch pass, then exit.
 
 Under an exclusive lock (so concurrent passes on a host never exceed the cap): consume the wake
-poke, recover stale claims (back to ready, attempt recorded as lost: made in an earlier boot of
-this host, so lost the moment it is up again, or with the lease expired and the unit not alive),
-close the gates of coders over their daily budget (fleet.budget), then claim up to
-`max_concurrent` minus this host's live claims, honouring the pause and per-coder gates, and
-start a fleet-task@ID unit for each. Claims whose unit cannot be started are released at once,
-so no task is stranded.
+poke, record this host's heartbeat in the store (fleet.store.hosts; refused if another machine
+holds its name), recover stale claims (back to ready, attempt recorded as lost: made in an
+earlier boot of this host, so lost the moment it is up again, or with the lease expired and the
+unit not alive; and another host's, once its lease expired AND that host has been silent longer
+than host_dead_after; a task lost max_lost times in a row is blocked instead), close the gates
+of coders over their daily budget (fleet.budget), then claim up to `max_concurrent` minus this
+host's live claims, honouring the pause and per-coder gates, and start a fleet-task@ID unit for
+each. Claims whose unit cannot be started are released at once, so no task is stranded.
 
 The commands that make work ready (`fleet add`, `fleet retry`, `fleet resume`) run the same pass
 themselves when they can start this queue's units (`dispatch_or_wake`): that takes the path
@@ -26,9 +28,9 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from fleet import budget, containment, live, systemd, wake
-from fleet.config import Config
+from fleet.config import Config, dead_after
 from fleet.errors import FleetError
-from fleet.host import boot_id, owner
+from fleet.host import boot_id, machine_id, owner
 from fleet.model import AttemptEnd
 from fleet.paths import Paths, Scope
 from fleet.store import Store
@@ -57,25 +59,51 @@ def dispatch_lock(paths: Paths, wait: bool = True) -> Iterator[None]:
         os.close(fd)
 
 
-def recover(store: Store, scope: Scope, me: str, paths: Paths | None = None) -> list[str]:
+def heartbeat(store: Store, config: Config, me: str) -> None:
+    """This host's row in the store, seen now: its machine, boot, labels and cap."""
+    from fleet.store.hosts import HostInfo
+
+    labels = tuple(config.values["host_labels"])
+    info = HostInfo(me, machine_id(), boot_id(), labels, config.get_int("max_concurrent"))
+    store.heartbeat(info, dead_after(config))
+
+
+def recover(
+    store: Store,
+    scope: Scope,
+    me: str,
+    paths: Paths | None = None,
+    config: Config | None = None,
+) -> list[str]:
     """Release the claims of this host whose attempt was lost (made in an earlier boot of it,
     or with the lease run out, and the unit gone), with what it spent as its live figures in
-    `paths` last had it. Leases are compared by the store's clock (the database's, on
-    PostgreSQL)."""
-    stale = store.stale_claims(me, boot_id())
-    if not stale:
-        return []
-    alive = systemd.states(scope, (t.id for t in stale))
-    recovered = []
-    for task in stale:
-        if alive.get(task.id, ("inactive", ""))[0] in systemd.ALIVE:
-            continue
-        # What the lost attempt spent, as far as its runner published it (fleet.live).
-        from fleet.usage import attempt_end
+    `paths` last had it; and, given `config`, those of other hosts whose lease ran out and
+    whose host has been silent longer than host_dead_after (no unit to ask: the silence is
+    the evidence). Leases and silence are judged by the store's clock (the database's, on
+    PostgreSQL). A task lost max_lost times in a row is blocked."""
+    from fleet.errors import Conflict
+    from fleet.usage import attempt_end
 
-        spent = live.spent(paths, task.id, task.attempts) if paths else {}
-        store.release(task.id, me, attempt_end("lost", spent, None), attempt=task.attempts)
-        if paths:
+    max_lost = config.get_int("max_lost") if config else 0
+    stale = store.stale_claims(me, boot_id())
+    orphans = store.orphaned_claims(me, dead_after(config)) if config else []
+    alive = systemd.states(scope, (t.id for t in stale)) if stale else {}
+    recovered = []
+    for task in [*stale, *orphans]:
+        holder = task.claimed_by or me
+        if holder == me and alive.get(task.id, ("inactive", ""))[0] in systemd.ALIVE:
+            continue
+        # What the lost attempt spent, as far as its runner here published it (fleet.live).
+        spent = live.spent(paths, task.id, task.attempts) if paths and holder == me else {}
+        end = attempt_end("lost", spent, None)
+        try:
+            if max_lost:
+                store.recover_lost(task.id, holder, end, task.attempts, max_lost, me)
+            else:
+                store.release(task.id, holder, end, attempt=task.attempts)
+        except Conflict:
+            continue  # another host recovered it first (or its runner came back and ended it)
+        if paths and holder == me:
             live.remove(paths, task.id)
         recovered.append(task.id)
     return recovered
@@ -87,7 +115,8 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: boo
     with dispatch_lock(paths, wait):
         wake.consume(paths)
         try:
-            recovered = recover(store, scope, me, paths)
+            heartbeat(store, config, me)
+            recovered = recover(store, scope, me, paths, config)
             budget.check(store, config)  # close the gates of coders over their daily budget
             running = len(store.claims(me))
             free = config.get_int("max_concurrent") - running

@@ -244,6 +244,7 @@ def combine(
         values[key] = setting.parse(text, f"--set {key}")
         sources[key] = "flag"
     config = Config(path, values, sources)
+    check_dead_after(config)
     try:
         config.check_coder(config.get_str("default_coder"))
     except ConfigError as e:
@@ -251,6 +252,30 @@ def combine(
             f"default_coder ({sources['default_coder']}): {e.message}", e.hint
         ) from None
     return config
+
+
+DEAD_AFTER_LEASES = 5  # host_dead_after 0: this many lease_seconds
+
+
+def dead_after(config: Config) -> int:
+    """How long a host may be silent before others recover its expired claims (seconds)."""
+    return config.get_int("host_dead_after") or DEAD_AFTER_LEASES * config.get_int("lease_seconds")
+
+
+def check_dead_after(config: Config) -> None:
+    """A host is taken for dead only after it could have renewed its leases: host_dead_after
+    must exceed lease_seconds plus the renew period (fleet.run renews every third of it)."""
+    lease = config.get_int("lease_seconds")
+    renew = -(-lease // 3)  # rounded up
+    least = lease + renew
+    dead_after = config.get_int("host_dead_after")
+    if dead_after and dead_after <= least:
+        raise ConfigError(
+            f"host_dead_after ({config.sources['host_dead_after']}) is {dead_after} s: it must"
+            f" be more than lease_seconds plus the renew period ({lease} + {renew} ="
+            f" {least} s)",
+            hint=f"set host_dead_after to at least {least + 1}, or lower lease_seconds",
+        )
 
 
 def split_assignment(text: str) -> tuple[str, str]:

@@ -177,6 +177,18 @@ TASK_FIELDS: tuple[Field, ...] = (
         "the task's own resource limits (fleet.toml(5), coders.NAME.limits: name to value), over"
         " its coder's and its labels'; null: none of its own",
     ),
+    Field(
+        "host",
+        "text",
+        "the host of the task's newest claim: the one running it, else the one that ran its"
+        " last attempt; null before its first claim",
+    ),
+    Field(
+        "lost_streak",
+        "int",
+        "attempts in a row that ended lost (their host or runner gone); any other end resets it,"
+        " and at max_lost the task is blocked",
+    ),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -255,6 +267,8 @@ class Task(NamedTuple):
     max_tokens: int | None
     sandbox: str | None
     limits: dict[str, str] | None
+    host: str | None
+    lost_streak: int
 
     @property
     def isolated(self) -> bool:

@@ -516,6 +516,34 @@ SETTINGS: tuple[Setting, ...] = (
         86400,
     ),
     Setting(
+        "host_dead_after",
+        "int",
+        0,
+        "Seconds a host may be silent (no dispatch pass, no lease renewal) before another host"
+        " sharing the queue recovers its claims whose leases have run out (their tasks run"
+        " again elsewhere). Must exceed lease_seconds plus the renew period (a third of"
+        " lease_seconds), so a host that is only slow is never taken for dead; 0 means five"
+        " times lease_seconds (300 s with the default lease).",
+        0,
+        7 * 86400,
+    ),
+    Setting(
+        "max_lost",
+        "int",
+        3,
+        "After this many attempts in a row ended lost (their host or runner gone), the task"
+        " is blocked instead of run again; any other end of an attempt resets the count.",
+        1,
+        1000,
+    ),
+    Setting(
+        "host_labels",
+        "list",
+        [],
+        "Labels this host advertises to the queue (`fleet hosts` lists them): a task added"
+        " with --needs LABEL runs only on a host that has it.",
+    ),
+    Setting(
         "handoff_offers",
         "str",
         "ask",

@@ -43,6 +43,9 @@ Semantics every backend must keep (SQLite and PostgreSQL, both fleet.store.sql):
   the channel's message id, until it has been edited to show how the question was settled;
 - a schedule's slot fires once: `fire` records (schedule, slot) under a unique key in the
   transaction that adds the slot's tasks (fleet.schedules);
+- a task's `host` is the owner of its newest claim (kept once the claim ends); its
+  `lost_streak` counts the attempts in a row that ended lost, and any other end resets it;
+- the hosts sharing the queue keep the invariants of fleet.store.hosts;
 - a lease has one holder at a time: another owner takes it only once it has run out, and only
   its holder changes the value it carries (which outlives the holder);
 - what agents coordinate with (leases on resources, `Coordinating`) keeps the invariants of
@@ -73,6 +76,7 @@ from fleet.model import (
 )
 from fleet.schedules import Schedule, ScheduleRun
 from fleet.store.coord import Coordinating
+from fleet.store.hosts import Hosting
 
 Count = Literal["failure", "noclose"]
 
@@ -142,7 +146,7 @@ class Lease(NamedTuple):
     value: str | None
 
 
-class Store(Coordinating, Protocol):
+class Store(Coordinating, Hosting, Protocol):
     actor: Actor  # whom the audit trail names for this connection's changes
 
     def close(self) -> None: ...
@@ -232,7 +236,7 @@ class Store(Coordinating, Protocol):
     def cancel(self, task_id: str, reason: str | None) -> Task: ...
 
     def retry(self, task_id: str) -> Task:
-        """Back to ready with failure and no-close counters reset."""
+        """Back to ready with failure, no-close and lost counters reset."""
         ...
 
     def suspend(self, task_id: str, reason: str, checkpoint: int | None = None) -> Task:
@@ -389,6 +393,15 @@ class Store(Coordinating, Protocol):
         self, task_id: str, owner: str, end: AttemptEnd, attempt: int | None = None
     ) -> Task:
         """End the attempt and put the task back to ready without counting anything."""
+        ...
+
+    def recover_lost(
+        self, task_id: str, owner: str, end: AttemptEnd, attempt: int, max_lost: int, by: str
+    ) -> Task:
+        """Release attempt `attempt` of `owner`'s claim, lost, as host `by` recovering it (an
+        audit row `recovered` names both when they differ); a task whose `max_lost`-th attempt
+        in a row this is gets blocked, the reason naming the hosts it was lost on. Conflict
+        unless `owner` still holds that attempt (so of two recoverers only one releases)."""
         ...
 
     def finish(

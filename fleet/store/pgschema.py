@@ -317,6 +317,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 16: the task's own resource limits (fleet.limits), a JSON object; null: none.
     (f"ALTER TABLE tasks ADD COLUMN limits {T}",),
+    # 17: the hosts that share the queue; the host of a task's newest claim; its lost streak.
+    (
+        f"""CREATE TABLE hosts (
+            name {T} PRIMARY KEY,
+            machine_id {T},
+            boot_id {T},
+            labels {T} NOT NULL DEFAULT '[]',
+            max_concurrent INTEGER NOT NULL,
+            last_seen {T} NOT NULL
+        )""",
+        f"ALTER TABLE tasks ADD COLUMN host {T}",
+        "ALTER TABLE tasks ADD COLUMN lost_streak INTEGER NOT NULL DEFAULT 0",
+        "UPDATE tasks SET host = (SELECT a.owner FROM attempts a WHERE a.task = tasks.id"
+        " ORDER BY a.n DESC LIMIT 1)",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

@@ -432,6 +432,25 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # The task's own resource limits (fleet.limits), a JSON object of name to value; null:
     # none, its coder's and labels' and the task_* settings apply.
     ("ALTER TABLE tasks ADD COLUMN limits TEXT",),
+    (
+        # The hosts that share the queue (fleet.hosts): each dispatch pass upserts its own row,
+        # each lease renewal refreshes its last_seen (the store's clock); a host silent longer
+        # than host_dead_after may have its expired claims recovered by another.
+        """CREATE TABLE hosts (
+            name TEXT PRIMARY KEY,
+            machine_id TEXT,
+            boot_id TEXT,
+            labels TEXT NOT NULL DEFAULT '[]',
+            max_concurrent INTEGER NOT NULL,
+            last_seen TEXT NOT NULL
+        ) WITHOUT ROWID""",
+        # The host of the task's newest claim (its attempts' owner), kept once the claim ends.
+        "ALTER TABLE tasks ADD COLUMN host TEXT",
+        # Attempts in a row that ended `lost`, reset by any other end (max_lost blocks).
+        "ALTER TABLE tasks ADD COLUMN lost_streak INTEGER NOT NULL DEFAULT 0",
+        "UPDATE tasks SET host = (SELECT a.owner FROM attempts a WHERE a.task = tasks.id"
+        " ORDER BY a.n DESC LIMIT 1)",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

@@ -65,6 +65,7 @@ from fleet.store.base import (
 )
 from fleet.store.coord import SQLCoordination
 from fleet.store.dialect import Conn, Dialect
+from fleet.store.hosts import SQLHosts
 from fleet.timeutil import iso, now_iso
 
 DONE_ACTION = {
@@ -188,7 +189,7 @@ STAT_DIMENSIONS = {
 }
 
 
-class SQLStore(SQLCoordination):
+class SQLStore(SQLCoordination, SQLHosts):
     """The shared semantics; a backend subclass supplies `dialect`, `_write`, `_read`, `close`."""
 
     dialect: ClassVar[Dialect]
@@ -731,7 +732,7 @@ class SQLStore(SQLCoordination):
             "retry",
             allowed,
             "status = 'ready', reason = NULL, finished_at = NULL, failures = 0, noclose = 0,"
-            " merge_state = NULL, merge_reason = NULL, merged_commit = NULL",
+            " lost_streak = 0, merge_state = NULL, merge_reason = NULL, merged_commit = NULL",
             (),
             idle=True,
         )
@@ -987,14 +988,16 @@ class SQLStore(SQLCoordination):
             "WITH picked AS MATERIALIZED (SELECT t.id FROM tasks t"
             f" WHERE {where} AND t.claimed_by IS NULL ORDER BY t.priority, t.seq"
             f" LIMIT ?{d.skip_locked})"
-            f" UPDATE tasks SET status = 'running', claimed_by = ?, lease_until = {d.time_sql},"
-            " claim_boot = ?, attempts = attempts + 1, coder = COALESCE(coder, ?),"
+            f" UPDATE tasks SET status = 'running', claimed_by = ?, host = ?,"
+            f" lease_until = {d.time_sql}, claim_boot = ?, attempts = attempts + 1,"
+            " coder = COALESCE(coder, ?),"
             " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
             " updated_at = ? WHERE id IN (SELECT id FROM picked)"
             " RETURNING id, attempts, coder, model, priority, seq",
             (
                 *args,
                 n,
+                owner,
                 owner,
                 d.time_arg(lease_s),
                 boot,
@@ -1046,6 +1049,12 @@ class SQLStore(SQLCoordination):
             args = (owner,)
         with self._read() as db:
             rows = db.execute(sql + " ORDER BY t.seq", args).fetchall()
+        return [Task.from_json(json.loads(r[0])) for r in rows]
+
+    def _tasks_where(self, db: Conn, where: str, args: Sequence[Any]) -> list[Task]:
+        rows = db.execute(
+            f"SELECT {self.q.task_json} FROM tasks t WHERE {where} ORDER BY t.seq", args
+        ).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]
 
     def stale_claims(self, owner: str, boot: str | None) -> list[Task]:
@@ -1343,6 +1352,8 @@ class SQLStore(SQLCoordination):
                 f" AND claimed_by = ? AND {ATTEMPT_IS} RETURNING id",
                 (self.dialect.time_arg(lease_s), task_id, owner, attempt, attempt),
             ).fetchone()
+            if row is not None:  # the host of a runner that renews is alive (fleet.store.hosts)
+                self._seen(db, self.dialect, owner, host.machine_id())
             return row is not None
 
     def release(
@@ -1361,124 +1372,169 @@ class SQLStore(SQLCoordination):
         ahead: int | None = None,
         attempt: int | None = None,
     ) -> Task:
+        with self._write(shared=True) as db:
+            return self._end_attempt(db, task_id, owner, end, status, reason, count, ahead, attempt)
+
+    def recover_lost(
+        self, task_id: str, owner: str, end: AttemptEnd, attempt: int, max_lost: int, by: str
+    ) -> Task:
+        with self._write(shared=True) as db:
+            after = self._end_attempt(
+                db, task_id, owner, end, Status.READY, None, None, None, attempt
+            )
+            if by != owner:  # another host's claim: say who took it back, from which host
+                self._audit(db, task_id, "recovered", attempt=attempt, host=owner, by_host=by)
+            if end.outcome != "lost" or after.lost_streak < max_lost:
+                return after
+            hosts = [
+                str(h)
+                for (h,) in db.execute(
+                    "SELECT owner FROM attempts WHERE task = ? ORDER BY n DESC LIMIT ?",
+                    (task_id, after.lost_streak),
+                ).fetchall()
+            ]
+            on = ", ".join(dict.fromkeys(reversed(hosts)))
+            why = f"lost {after.lost_streak} times in a row (on {on})"
+            if db.execute(
+                "UPDATE tasks SET status = 'blocked', reason = ?, updated_at = ? WHERE id = ?"
+                " AND status = 'ready' AND claimed_by IS NULL RETURNING id",
+                (why, now_iso(), task_id),
+            ).fetchone():
+                self._audit(db, task_id, "blocked", reason=why)
+            return self._fetch(db, task_id)
+
+    def _end_attempt(
+        self,
+        db: Conn,
+        task_id: str,
+        owner: str,
+        end: AttemptEnd,
+        status: Status,
+        reason: str | None,
+        count: Count | None,
+        ahead: int | None,
+        attempt: int | None,
+    ) -> Task:
+        """`finish` within the open write transaction `db`."""
         now = now_iso()
         final = now if status.final else None
-        with self._write(shared=True) as db:
-            # A person who closed, blocked or cancelled the task meanwhile keeps their status.
-            row = db.execute(
-                "UPDATE tasks SET"
-                " reason = CASE WHEN status = 'running' THEN COALESCE(?, reason) ELSE reason END,"
-                " finished_at = CASE WHEN status = 'running' THEN COALESCE(?, finished_at)"
-                " ELSE finished_at END,"
-                " status = CASE WHEN status = 'running' THEN ? ELSE status END,"
-                " failures = failures + ?, noclose = noclose + ?,"
-                # Totals over attempts, kept on the row so that listings need no aggregation.
-                " tokens_in = CASE WHEN ? IS NULL THEN tokens_in"
-                " ELSE COALESCE(tokens_in, 0) + ? END,"
-                " tokens_out = CASE WHEN ? IS NULL THEN tokens_out"
-                " ELSE COALESCE(tokens_out, 0) + ? END,"
-                " cost = CASE WHEN ? IS NULL THEN cost ELSE COALESCE(cost, 0) + ? END,"
-                " tokens_cache_read = CASE WHEN ? IS NULL THEN tokens_cache_read"
-                " ELSE COALESCE(tokens_cache_read, 0) + ? END,"
-                " tokens_cache_write = CASE WHEN ? IS NULL THEN tokens_cache_write"
-                " ELSE COALESCE(tokens_cache_write, 0) + ? END,"
-                " cost_source = CASE WHEN ? IS NULL THEN cost_source WHEN cost_source IS NULL"
-                " OR cost_source = ? THEN ? ELSE 'mixed' END,"
-                " ahead = COALESCE(?, ahead),"
-                # The attempt that ends has used the checkpoint it was to resume from.
-                " resume_from = CASE WHEN ? = 'not-started' THEN resume_from END,"
-                " claimed_by = NULL, lease_until = NULL, claim_boot = NULL, updated_at = ?"
-                f" WHERE id = ? AND claimed_by = ? AND {ATTEMPT_IS} RETURNING attempts",
-                (
-                    reason,
-                    final,
-                    status.value,
-                    int(count == "failure"),
-                    int(count == "noclose"),
-                    end.tokens_in,
-                    end.tokens_in,
-                    end.tokens_out,
-                    end.tokens_out,
-                    end.cost,
-                    end.cost,
-                    end.cache_read,
-                    end.cache_read,
-                    end.cache_write,
-                    end.cache_write,
-                    end.cost_source,
-                    end.cost_source,
-                    end.cost_source,
-                    ahead,
-                    end.outcome,
-                    now,
-                    task_id,
-                    owner,
-                    attempt,
-                    attempt,
-                ),
-            ).fetchone()
-            if row is None:
-                cur = self._fetch(db, task_id)
-                which = f" for attempt {attempt}" if attempt is not None else ""
-                raise Conflict(
-                    f"{task_id} is not claimed by {owner}{which} (claimed by"
-                    f" {cur.claimed_by or 'nobody'}, attempt {cur.attempts})"
-                )
-            db.execute(
-                "UPDATE attempts SET ended_at = ?, outcome = ?, exit_status = ?, tokens_in = ?,"
-                " tokens_out = ?, cost = ?, session_id = COALESCE(?, session_id),"
-                " tokens_cache_read = ?, tokens_cache_write = ?, cost_source = ?,"
-                " model = COALESCE(?, model), session_totals = ?"
-                " WHERE task = ? AND n = ?",
-                (
-                    now,
-                    end.outcome,
-                    end.exit_status,
-                    end.tokens_in,
-                    end.tokens_out,
-                    end.cost,
-                    end.session_id,
-                    end.cache_read,
-                    end.cache_write,
-                    end.cost_source,
-                    end.model,
-                    end.session_totals,
-                    task_id,
-                    row[0],
-                ),
-            )
-            db.executemany(
-                "INSERT INTO attempt_usage (task, attempt, model, calls, input,"
-                " output, cache_read, cache_write, cost, cost_source)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (task, attempt, model)"
-                " DO UPDATE SET calls = excluded.calls, input = excluded.input,"
-                " output = excluded.output, cache_read = excluded.cache_read,"
-                " cache_write = excluded.cache_write, cost = excluded.cost,"
-                " cost_source = excluded.cost_source",
-                [(task_id, row[0], *model) for model in end.usage],
-            )
-            if status == Status.MERGING:
-                # The task was closed during the attempt (the agent's own close, usually):
-                # that close is what asks for the merge-back, so it becomes merging too.
-                db.execute(
-                    "UPDATE tasks SET status = 'merging', finished_at = NULL,"
-                    " merge_state = 'pending', merge_reason = NULL, merged_commit = NULL"
-                    " WHERE id = ? AND status IN ('merging', 'done')",
-                    (task_id,),
-                )
-            # The agent that asked is gone: nobody is left to receive an answer.
-            self._end_pending(db, "task = ?", (task_id,), QuestionStatus.CANCELLED, now)
-            after = self._fetch(db, task_id)
-            self._audit(
-                db,
+        # A person who closed, blocked or cancelled the task meanwhile keeps their status.
+        row = db.execute(
+            "UPDATE tasks SET"
+            " reason = CASE WHEN status = 'running' THEN COALESCE(?, reason) ELSE reason END,"
+            " finished_at = CASE WHEN status = 'running' THEN COALESCE(?, finished_at)"
+            " ELSE finished_at END,"
+            " status = CASE WHEN status = 'running' THEN ? ELSE status END,"
+            " failures = failures + ?, noclose = noclose + ?,"
+            " lost_streak = CASE WHEN ? = 'lost' THEN lost_streak + 1 ELSE 0 END,"
+            # Totals over attempts, kept on the row so that listings need no aggregation.
+            " tokens_in = CASE WHEN ? IS NULL THEN tokens_in"
+            " ELSE COALESCE(tokens_in, 0) + ? END,"
+            " tokens_out = CASE WHEN ? IS NULL THEN tokens_out"
+            " ELSE COALESCE(tokens_out, 0) + ? END,"
+            " cost = CASE WHEN ? IS NULL THEN cost ELSE COALESCE(cost, 0) + ? END,"
+            " tokens_cache_read = CASE WHEN ? IS NULL THEN tokens_cache_read"
+            " ELSE COALESCE(tokens_cache_read, 0) + ? END,"
+            " tokens_cache_write = CASE WHEN ? IS NULL THEN tokens_cache_write"
+            " ELSE COALESCE(tokens_cache_write, 0) + ? END,"
+            " cost_source = CASE WHEN ? IS NULL THEN cost_source WHEN cost_source IS NULL"
+            " OR cost_source = ? THEN ? ELSE 'mixed' END,"
+            " ahead = COALESCE(?, ahead),"
+            # The attempt that ends has used the checkpoint it was to resume from.
+            " resume_from = CASE WHEN ? = 'not-started' THEN resume_from END,"
+            " claimed_by = NULL, lease_until = NULL, claim_boot = NULL, updated_at = ?"
+            f" WHERE id = ? AND claimed_by = ? AND {ATTEMPT_IS} RETURNING attempts",
+            (
+                reason,
+                final,
+                status.value,
+                int(count == "failure"),
+                int(count == "noclose"),
+                end.outcome,
+                end.tokens_in,
+                end.tokens_in,
+                end.tokens_out,
+                end.tokens_out,
+                end.cost,
+                end.cost,
+                end.cache_read,
+                end.cache_read,
+                end.cache_write,
+                end.cache_write,
+                end.cost_source,
+                end.cost_source,
+                end.cost_source,
+                ahead,
+                end.outcome,
+                now,
                 task_id,
-                "ended",
-                attempt=row[0],
-                outcome=end.outcome,
-                status=after.status.value,
-                reason=after.reason,
+                owner,
+                attempt,
+                attempt,
+            ),
+        ).fetchone()
+        if row is None:
+            cur = self._fetch(db, task_id)
+            which = f" for attempt {attempt}" if attempt is not None else ""
+            raise Conflict(
+                f"{task_id} is not claimed by {owner}{which} (claimed by"
+                f" {cur.claimed_by or 'nobody'}, attempt {cur.attempts})"
             )
-            return after
+        db.execute(
+            "UPDATE attempts SET ended_at = ?, outcome = ?, exit_status = ?, tokens_in = ?,"
+            " tokens_out = ?, cost = ?, session_id = COALESCE(?, session_id),"
+            " tokens_cache_read = ?, tokens_cache_write = ?, cost_source = ?,"
+            " model = COALESCE(?, model), session_totals = ?"
+            " WHERE task = ? AND n = ?",
+            (
+                now,
+                end.outcome,
+                end.exit_status,
+                end.tokens_in,
+                end.tokens_out,
+                end.cost,
+                end.session_id,
+                end.cache_read,
+                end.cache_write,
+                end.cost_source,
+                end.model,
+                end.session_totals,
+                task_id,
+                row[0],
+            ),
+        )
+        db.executemany(
+            "INSERT INTO attempt_usage (task, attempt, model, calls, input,"
+            " output, cache_read, cache_write, cost, cost_source)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (task, attempt, model)"
+            " DO UPDATE SET calls = excluded.calls, input = excluded.input,"
+            " output = excluded.output, cache_read = excluded.cache_read,"
+            " cache_write = excluded.cache_write, cost = excluded.cost,"
+            " cost_source = excluded.cost_source",
+            [(task_id, row[0], *model) for model in end.usage],
+        )
+        if status == Status.MERGING:
+            # The task was closed during the attempt (the agent's own close, usually):
+            # that close is what asks for the merge-back, so it becomes merging too.
+            db.execute(
+                "UPDATE tasks SET status = 'merging', finished_at = NULL,"
+                " merge_state = 'pending', merge_reason = NULL, merged_commit = NULL"
+                " WHERE id = ? AND status IN ('merging', 'done')",
+                (task_id,),
+            )
+        # The agent that asked is gone: nobody is left to receive an answer.
+        self._end_pending(db, "task = ?", (task_id,), QuestionStatus.CANCELLED, now)
+        after = self._fetch(db, task_id)
+        self._audit(
+            db,
+            task_id,
+            "ended",
+            attempt=row[0],
+            outcome=end.outcome,
+            status=after.status.value,
+            reason=after.reason,
+        )
+        return after
 
     # -- merge-back ----------------------------------------------------------------------------
 

@@ -1,0 +1,206 @@
+"""Several hosts on one queue, on each real store: heartbeats, the name a machine holds, the
+recovery of a silent host's expired claims by another, and tasks lost again and again. Two
+owner names stand for two hosts; silence is made by putting a host's last_seen in the past
+(the store's own clock decides the rest)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet import claim, host
+from fleet.config import load
+from fleet.errors import ConfigError, Conflict
+from fleet.model import AttemptEnd, Status, TaskSpec
+from fleet.paths import resolve
+from fleet.store import Store, open_store
+from fleet.store.hosts import HostInfo
+from fleet.timeutil import parse
+from tests.conftest import store_rows, store_sql
+
+LONG_AGO = "2000-01-01T00:00:00.000Z"
+
+
+@pytest.fixture
+def store(backend: str, home: Path) -> Iterator[Store]:
+    s = open_store(resolve())
+    yield s
+    s.close()
+
+
+def info(name: str, machine: str | None = None, cap: int = 4) -> HostInfo:
+    return HostInfo(name, machine or host.machine_id(), "boot-" + name, ("gpu",), cap)
+
+
+def silence(home: Path, name: str) -> None:
+    """Host `name` was last heard from long ago."""
+    store_sql(home, f"UPDATE hosts SET last_seen = '{LONG_AGO}' WHERE name = '{name}'")
+
+
+def add(store: Store, project: Path, n: int = 1) -> list[str]:
+    return [t.id for t in store.add([TaskSpec(f"t{i}", str(project)) for i in range(n)])]
+
+
+def test_a_heartbeat_upserts_the_host_and_a_renewal_refreshes_it(
+    store: Store, home: Path, project: Path
+) -> None:
+    store.heartbeat(info("h1", cap=2), 300)
+    (h1,) = store.hosts(300)
+    assert (h1.name, h1.alive, h1.running, h1.max_concurrent, h1.labels) == (
+        "h1",
+        True,
+        0,
+        2,
+        ("gpu",),
+    )
+    assert (h1.boot_id, h1.machine_id) == ("boot-h1", host.machine_id())
+    assert abs(parse(h1.last_seen) - parse(store.now())) < 60
+    (t,) = add(store, project)
+    store.claim(1, "h1", 60, "claude", None)
+    silence(home, "h1")
+    (h1,) = store.hosts(300)
+    assert not h1.alive and h1.running == 1 and h1.silent_s > 86400
+    assert store.renew(t, "h1", 60)
+    (h1,) = store.hosts(300)
+    assert h1.alive and h1.silent_s < 60
+    # A renewal that does not hold the claim is no sign of its host's life.
+    silence(home, "h1")
+    assert not store.renew(t, "h1", 60, attempt=7)
+    assert not store.hosts(300)[0].alive
+    # The next pass brings it back, with what it says now.
+    store.heartbeat(info("h1", cap=3), 300)
+    (h1,) = store.hosts(300)
+    assert h1.alive and h1.max_concurrent == 3
+
+
+def test_a_second_machine_under_a_live_hosts_name_is_refused(store: Store, home: Path) -> None:
+    store.heartbeat(info("box", "machine-a"), 300)
+    with pytest.raises(Conflict, match="box is in use by another machine") as refused:
+        store.heartbeat(info("box", "machine-b"), 300)
+    assert refused.value.hint and "unique hostname" in refused.value.hint
+    assert store.hosts(300)[0].machine_id == "machine-a"
+    # Once the first has been silent longer than host_dead_after, the name is free again.
+    silence(home, "box")
+    store.heartbeat(info("box", "machine-b"), 300)
+    assert store.hosts(300)[0].machine_id == "machine-b"
+
+
+def test_another_hosts_claim_is_recovered_only_once_its_lease_ran_out_and_its_host_is_silent(
+    store: Store, home: Path, project: Path
+) -> None:
+    expired, leased = add(store, project, 2)
+    store.heartbeat(info("h1"), 300)
+    store.heartbeat(info("h2"), 300)
+    assert [t.id for t in store.claim(1, "h1", -1, "claude", None)] == [expired]
+    assert [t.id for t in store.claim(1, "h1", 3600, "claude", None)] == [leased]
+    # The lease ran out, but h1 was heard from: it may only be slow.
+    assert store.orphaned_claims("h2", 300) == []
+    silence(home, "h1")
+    # Silent now: its expired claim is h2's to recover, the one still leased is not, and
+    # a host never recovers its own this way.
+    assert [t.id for t in store.orphaned_claims("h2", 300)] == [expired]
+    assert store.orphaned_claims("h1", 300) == []
+    config = load(resolve())
+    assert claim.recover(store, "user", "h2", None, config) == [expired]
+    task = store.get(expired)
+    assert (task.status, task.claimed_by, task.host, task.lost_streak) == (
+        Status.READY,
+        None,
+        "h1",
+        1,
+    )
+    assert [a.outcome for a in store.attempts(expired)] == ["lost"]
+    (recovered,) = [e for e in store.history(expired) if e.action == "recovered"]
+    assert recovered.detail == {"attempt": 1, "host": "h1", "by_host": "h2"}
+    assert store.get(leased).claimed_by == "h1"
+    assert store.orphaned_claims("h2", 300) == []
+
+
+def test_a_claim_of_a_host_that_never_heartbeat_goes_by_its_lease_plus_the_silence(
+    store: Store, home: Path, project: Path
+) -> None:
+    (t,) = add(store, project)
+    store.claim(1, "old-fleet", -1, "claude", None)
+    assert store.orphaned_claims("h2", 300) == []  # its lease only just ran out
+    store_sql(home, f"UPDATE tasks SET lease_until = '{LONG_AGO}' WHERE id = '{t}'")
+    assert [x.id for x in store.orphaned_claims("h2", 300)] == [t]
+
+
+def test_two_hosts_recovering_one_claim_at_once_release_it_once(
+    backend: str, store: Store, home: Path, project: Path
+) -> None:
+    (t,) = add(store, project)
+    store.claim(1, "dead", -1, "claude", None)
+    store.heartbeat(info("dead"), 300)
+    silence(home, "dead")
+    stores = [open_store(resolve()) for _ in range(2)]
+    found = [s.orphaned_claims(name, 300) for s, name in zip(stores, ("h1", "h2"), strict=True)]
+    assert [[x.id for x in f] for f in found] == [[t], [t]]
+    start = threading.Barrier(2)
+    results: list[str] = []
+
+    def recover(s: Store, me: str) -> None:
+        start.wait()
+        try:
+            s.recover_lost(t, "dead", AttemptEnd("lost"), 1, 3, me)
+            results.append("released")
+        except Conflict:
+            results.append("conflict")
+
+    threads = [
+        threading.Thread(target=recover, args=(s, me))
+        for s, me in zip(stores, ("h1", "h2"), strict=True)
+    ]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    for s in stores:
+        s.close()
+    assert sorted(results) == ["conflict", "released"]
+    assert [a.outcome for a in store.attempts(t)] == ["lost"]
+    assert [e.action for e in store.history(t)].count("recovered") == 1
+    assert store_rows(home, f"SELECT lost_streak FROM tasks WHERE id = '{t}'") == [(1,)]
+
+
+def test_a_task_lost_max_lost_times_in_a_row_is_blocked_naming_its_hosts(
+    store: Store, project: Path
+) -> None:
+    (t,) = add(store, project)
+    for n, name in enumerate(("h1", "h2"), 1):
+        store.claim(1, name, 60, "claude", None)
+        after = store.recover_lost(t, name, AttemptEnd("lost"), n, 3, "h9")
+        assert (after.status, after.lost_streak) == (Status.READY, n)
+    # Any other end resets the streak.
+    store.claim(1, "h1", 60, "claude", None)
+    after = store.finish(t, "h1", AttemptEnd("failure", exit_status=1), Status.READY)
+    assert after.lost_streak == 0
+    for n, name in enumerate(("h1", "h2", "h1"), 4):
+        store.claim(1, name, 60, "claude", None)
+        after = store.recover_lost(t, name, AttemptEnd("lost"), n, 3, "h9")
+    assert (after.status, after.lost_streak, after.reason) == (
+        Status.BLOCKED,
+        3,
+        "lost 3 times in a row (on h1, h2)",
+    )
+    assert store.history(t)[-1].action == "blocked"
+    assert store.claim(1, "h2", 60, "claude", None) == []
+    # A person's retry makes it ready again; the next lost attempt counts from one.
+    store.retry(t)
+    store.claim(1, "h2", 60, "claude", None)
+    assert store.recover_lost(t, "h2", AttemptEnd("lost"), 7, 3, "h2").lost_streak == 1
+
+
+def test_host_dead_after_must_outlast_a_lease_and_its_renew_period(home: Path) -> None:
+    paths = resolve()
+    with pytest.raises(ConfigError, match=r"more than lease_seconds plus the renew period") as e:
+        load(paths, flags=("lease_seconds=60", "host_dead_after=80"))
+    assert "(60 + 20 = 80 s)" in e.value.message and e.value.hint
+    assert "at least 81" in e.value.hint
+    from fleet.config import dead_after
+
+    assert dead_after(load(paths, flags=("lease_seconds=60", "host_dead_after=81"))) == 81
+    assert dead_after(load(paths, flags=("lease_seconds=100",))) == 500  # 0: five leases
