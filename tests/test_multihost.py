@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from tests import multihost
@@ -184,3 +185,82 @@ def test_eight_claimers_on_three_hosts_never_claim_a_task_twice(
     owners = dict(rows(store, "SELECT task, owner FROM attempts"))
     assert owners == holder
     assert set(holder.values()) <= {"host-a", "host-b", "host-c"}
+
+
+def when(iso: str) -> datetime:
+    return datetime.fromisoformat(iso)
+
+
+def test_a_dead_hosts_tasks_run_again_elsewhere_once_and_only_after_host_dead_after(
+    host_factory: Callable[..., list[Host]],
+) -> None:
+    lease, dead_after = 10, 15  # host_dead_after must exceed the lease and its renew period
+    fleet_hosts = host_factory(
+        caps=(2, 2, 2), settings={"lease_seconds": lease, "host_dead_after": dead_after}
+    )
+    a, b, c = fleet_hosts
+    # A dispatch pass every two seconds on each host (its timer's, made faster): nothing but
+    # the hosts' own units notices the silence and recovers.
+    for host in fleet_hosts:
+        host.box.write_unit(
+            "fleet-claim.timer.d/often.conf",
+            # (An empty On…Sec= empties every one of the timer's triggers.)
+            "[Timer]\nOnActiveSec=\nOnActiveSec=2s\nOnUnitActiveSec=2s\n",
+        )
+        host.box.systemctl("restart", "fleet-claim.timer")
+    project = a.project
+    (project / "release").mkdir()
+    task_ids = add_batch(c, 4, HOLD)  # host-c's own pass takes two at once, the others the rest
+    wait_for(
+        lambda: len(c.running()) == 2 and len(a.running()) + len(b.running()) == 2,
+        60,
+        "host-c running two tasks and the others two",
+    )
+    before = running_on([a, b])
+    on_c = c.running()
+    wait_for(lambda: len(log_lines(project)) == 4, 60, "the four agents under way")
+
+    c.box.kill()  # host-c loses power: no unit stops, nothing is written for it any more
+    ((last_seen,),) = rows(a.store, "SELECT last_seen FROM hosts WHERE name = 'host-c'")
+    leases = dict(rows(a.store, "SELECT id, lease_until FROM tasks WHERE claimed_by = 'host-c'"))
+    assert set(leases) == set(on_c)
+    # host-a and host-b have two slots free between them: once host-c is taken for dead,
+    # they run its two, besides their own.
+    wait_for(
+        lambda: sorted(a.running() + b.running()) == sorted(task_ids),
+        90,
+        "host-a and host-b to take host-c's tasks",
+    )
+    after = running_on([a, b])
+    assert all(set(before[h]) <= set(after[h]) for h in before)  # their own ran on undisturbed
+    silent_until = when(last_seen) + timedelta(seconds=dead_after)
+    for task_id in on_c:
+        lost, again = rows(
+            a.store,
+            "SELECT owner, started_at, ended_at, outcome FROM attempts WHERE task = %s ORDER BY n",
+            task_id,
+        )
+        where = next(h for h, ids in after.items() if task_id in ids)
+        assert (lost[0], lost[3], again[0], again[3]) == ("host-c", "lost", where, None)
+        # Recovered, and started again, only once the lease had run out AND host-c had been
+        # silent longer than host_dead_after: never while the first could still run.
+        assert when(lost[2]) >= max(when(leases[task_id]), silent_until)
+        assert when(again[1]) >= when(lost[2])
+
+    release(project, *task_ids)
+    settled = wait_settled([a, b], task_ids)
+    assert settled == dict.fromkeys(task_ids, "done")
+    starts = Counter((host, t) for what, host, t in log_lines(project) if what == "start")
+    expected = Counter({("host-c", t): 1 for t in on_c})
+    expected.update((h, t) for h, ids in after.items() for t in ids)
+    assert starts == expected  # once on host-c, then once elsewhere; never twice at once
+    outcomes = dict(
+        rows(
+            a.store,
+            "SELECT task, string_agg(outcome, ' ' ORDER BY n) FROM attempts GROUP BY task",
+        )
+    )
+    mine = set(task_ids) - set(on_c)
+    assert outcomes == {**dict.fromkeys(on_c, "lost success"), **dict.fromkeys(mine, "success")}
+    for host in (a, b):
+        host.quiesce()
