@@ -124,16 +124,20 @@ SETTLED = ("done", "blocked", "cancelled", "suspended", "handed_off")
 def wait_settled(
     fleet_hosts: Sequence[Host], task_ids: Sequence[str], timeout: float = 60
 ) -> dict[str, str]:
-    """Each task's status once all have settled and no host holds any (read from the
-    database: `fleet wait` on one host hears only its own host's commits); on a timeout, fails
-    with every host's journal tail."""
-    store = fleet_hosts[0].store
+    """Each task's status once all have settled and no host holds any, read through the
+    store from this process (`fleet wait` on one host hears only its own host's commits); on
+    a timeout, fails with every host's journal tail."""
+    from fleet.paths import resolve
+    from fleet.store import open_store
+
+    first = fleet_hosts[0]
+    store = open_store(resolve(env={"FLEET_HOME": str(first.home)}), url=first.store)
     found: dict[str, str] = {}
 
     def settled() -> bool:
-        got = rows(store, "SELECT id, status, claimed_by FROM tasks WHERE id = ANY(%s)", task_ids)
+        tasks = [store.get(t) for t in task_ids]
         found.clear()
-        found.update({t: status for t, status, holder in got if holder is None})
+        found.update({t.id: str(t.status) for t in tasks if t.claimed_by is None})
         return len(found) == len(set(task_ids)) and all(s in SETTLED for s in found.values())
 
     try:
@@ -144,6 +148,8 @@ def wait_settled(
             for h in fleet_hosts
         ]
         raise AssertionError(f"{error}: {found}\n" + "\n".join(tails)) from None
+    finally:
+        store.close()
     return dict(found)
 
 
