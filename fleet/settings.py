@@ -107,7 +107,8 @@ class Setting(NamedTuple):
                 entry(key, price, where)
         if self.pattern and not re.fullmatch(self.pattern, value):
             raise ConfigError(
-                f"{where}: {self.name} must look like {self.example or self.pattern}, not {value!r}"
+                f"{where}: {self.name} must look like {self.example or self.pattern},"
+                f" not {shown(self.name, value)!r}"
             )
         if self.kind == "int":
             if self.minimum is not None and value < self.minimum:
@@ -200,6 +201,40 @@ SETTINGS: tuple[Setting, ...] = (
         " prints the password.",
         pattern=r"(postgres(ql)?://\S*)?",
         example="postgresql://fleet@db.example/fleet",
+    ),
+    Setting(
+        "wakeups",
+        "str",
+        "listen",
+        'How a host with a PostgreSQL store hears of what another host did: "listen", by'
+        " fleet-listen.service, which holds one direct connection with LISTEN (new work starts,"
+        ' answers and kills arrive at once); "poll" where LISTEN cannot work (a PgBouncer in'
+        " transaction pooling): no listener, answers and kills arrive with the runner's next"
+        " lease renewal (every lease_seconds / 3) and new work with fleet-claim.timer (30 s).",
+        choices=("listen", "poll"),
+    ),
+    Setting(
+        "store_passfile",
+        "str",
+        "",
+        "A libpq password file (.pgpass format: HOST:PORT:DATABASE:USER:PASSWORD, mode 0600)"
+        " for the PostgreSQL store, handed to libpq as the connection's passfile. In system"
+        " scope `fleet setup` makes it a systemd credential of every unit that opens the store"
+        " (LoadCredentialEncrypted= for a *.cred made by systemd-creds encrypt), so the file"
+        " may be root's alone. Empty: libpq's own ~/.pgpass or PGPASSFILE.",
+        pattern=r"((/|~/).*)?",
+        example="an absolute path, such as /etc/fleet/pgpass",
+    ),
+    Setting(
+        "journal_dir",
+        "str",
+        "",
+        "A directory of journal files that `fleet logs` reads transcripts from instead of"
+        " this host's journal: the output directory of a central systemd-journal-remote,"
+        " which systemd-journal-upload on every host feeds (`fleet setup --journal-upload"
+        " URL`). Empty: this host's journal only.",
+        pattern=r"(/.*)?",
+        example="an absolute path, such as /var/log/journal/remote",
     ),
     Setting("max_concurrent", "int", 4, "How many tasks may run at once on this host.", 1, 1024),
     Setting(

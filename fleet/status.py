@@ -46,6 +46,13 @@ FIELDS: tuple[Field, ...] = (
     Field("counts.handed_off", "int", "tasks handed off to a successor"),
     Field("pause", "object", "the global pause (`fleet pause`), or null: reason, by, since"),
     Field(
+        "hosts",
+        "array",
+        "the hosts sharing the queue (fleet hosts): name, alive (heard from within"
+        " host_dead_after), last_seen, silent_s, running, max_concurrent, labels, boot_id,"
+        " machine_id",
+    ),
+    Field(
         "gates",
         "array",
         "per coder held back: coder, kind (rate-limit or budget), until (null: until lifted),"
@@ -223,6 +230,7 @@ def snapshot(
 ) -> dict[str, Any]:
     """The whole picture (see FIELDS); `units=False` skips asking systemd."""
     from fleet import budget
+    from fleet.config import dead_after
 
     now = time.time() if now is None else now
     default = config.get_str("default_coder")
@@ -263,6 +271,7 @@ def snapshot(
             "cancelled": counts.get("cancelled", 0),
             "handed_off": counts.get("handed-off", 0),
         },
+        "hosts": [h.to_json() for h in store.hosts(dead_after(config))],
         "pause": (
             None
             if pause is None
@@ -339,10 +348,9 @@ def _cost(cost: float | None, source: str | None) -> str:
 
 
 def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
+    from fleet.timeutil import span
+
+    return span(seconds)
 
 
 def _short(text: str | None, width: int) -> str:
@@ -373,6 +381,20 @@ def text(snap: Mapping[str, Any]) -> str:
         by = f" by {pause['by']}" if pause["by"] else ""
         why = f": {pause['reason']}" if pause["reason"] else ""
         lines.append(f"PAUSED{by} since {when(pause['since'], now)}{why} (fleet resume)")
+    lines += table(
+        "HOSTS",
+        ["HOST", "STATE", "RUNNING", "LAST SEEN", "LABELS"],
+        [
+            [
+                h["name"],
+                "alive" if h["alive"] else "silent",
+                f"{h['running']}/{h['max_concurrent']}",
+                _age(h["silent_s"]) + " ago",
+                ", ".join(h["labels"]) or "-",
+            ]
+            for h in snap["hosts"]
+        ],
+    )
     lines += table(
         "GATES",
         ["CODER", "HELD", "UNTIL", "WINDOW", "REASON"],

@@ -17,11 +17,13 @@ lets the host's enabled units start. So the sandbox's systemd sees:
   the kernel's is one per boot of the VM, shared by every namespace, but each sandbox is a boot
   of the machine it stands for, and what keys on the boot (fleet's claims, ``journalctl -b``)
   must see a new one as it would after a real reboot;
-* a machine id of its own (``Sandbox.machine_id``, read-only over /etc/machine-id), kept in
-  ``DIR/conf/machine-id``: booting the same directory again is a reboot of the same machine;
-* with ``hostname=``, a host name of its own (the UTS namespace's, and over /etc/hostname,
-  which systemd would otherwise set at boot): what fleet names a host by (os.uname()), so
-  that several sandboxes stand for several machines.
+* with ``hostname=``, a machine of its own: that host name (the UTS namespace's, and over
+  /etc/hostname, which systemd would otherwise set at boot; fleet names a host by
+  os.uname()), and a machine id of its own (``Sandbox.machine_id``, read-only over
+  /etc/machine-id) kept in ``DIR/conf/machine-id``, so that booting the same directory again
+  is a reboot of the same machine. Without it, a sandbox is a boot of this machine: its name
+  and machine id are the host's (a sandbox booted after another one crashed is that machine
+  rebooted, whatever its directory).
 
 Shared with the host on purpose: /tmp (tests exchange files through ``tmp_path``), /usr, /home,
 the network, the rest of /proc/sys, and /sys. The in-namespace steps are in ``sandbox_boot.sh``.
@@ -167,6 +169,13 @@ def namespace_processes(ns_fd: int) -> list[int]:
     return pids
 
 
+def _host_machine_id() -> str:
+    try:
+        return Path("/etc/machine-id").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def _within(path: Path, parent: str) -> bool:
     return path == Path(parent) or Path(parent) in path.parents
 
@@ -269,9 +278,9 @@ class Sandbox:
         StateDirectory= off the host); the default hides /usr/local/lib, where a system-wide
         `fleet setup` installs its journal catalog. `state`, a directory, is the sandbox's
         /var/lib/systemd instead of a tmpfs, so that a second boot with the same directory and
-        state sees the timer stamps of the first (a reboot). `hostname` is the machine's name
-        (else the host's is kept); its machine id is the one an earlier boot of the same
-        directory had, else a new one. Accepts the states "running" and
+        state sees the timer stamps of the first (a reboot). `hostname` makes it a machine of
+        its own, with that name and the machine id an earlier boot of the same directory had,
+        else a new one (without it, both are the host's). Accepts the states "running" and
         "degraded" (a unit enabled in DIR/units failed; see boot_state); anything else is a
         SandboxError.
         """
@@ -299,17 +308,16 @@ class Sandbox:
         # A new id for every boot, in the kernel's format (sandbox_boot.sh mounts it).
         boot_id = str(uuid.uuid4())
         _write(directory / "conf" / "boot_id", boot_id + "\n")
-        # The machine's id outlives its boots: kept in DIR, made at the first (machine-id(5)).
-        machine_file = directory / "conf" / "machine-id"
-        try:
-            machine_id = machine_file.read_text().strip()
-        except FileNotFoundError:
-            machine_id = ""
-        if not re.fullmatch(r"[0-9a-f]{32}", machine_id):
-            machine_id = uuid.uuid4().hex
-            _write(machine_file, machine_id + "\n")
+        machine_id = _host_machine_id()
         if hostname is not None:
             _write(directory / "conf" / "hostname", hostname + "\n")
+            # Another machine's id, which outlives its boots: kept in DIR, made at the first.
+            machine_file = directory / "conf" / "machine-id"
+            with contextlib.suppress(FileNotFoundError):
+                machine_id = machine_file.read_text().strip()
+            if not re.fullmatch(r"[0-9a-f]{32}", machine_id) or machine_id == _host_machine_id():
+                machine_id = uuid.uuid4().hex
+                _write(machine_file, machine_id + "\n")
 
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", directory.name)[:40]
         cgroup = f"{CGROUP_BASE}/{tag}-{os.getpid()}-{secrets.token_hex(3)}"

@@ -14,6 +14,8 @@ here, under the same number, in the same commit (tests/test_store.py compares th
 
 from __future__ import annotations
 
+from fleet.store import pgnotify
+
 T = 'TEXT COLLATE "C"'
 
 # SQLite's schema version 8, in one step.
@@ -331,6 +333,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE tasks ADD COLUMN lost_streak INTEGER NOT NULL DEFAULT 0",
         "UPDATE tasks SET host = (SELECT a.owner FROM attempts a WHERE a.task = tasks.id"
         " ORDER BY a.n DESC LIMIT 1)",
+    ),
+    # 18: kill requests for the host that runs the attempt, and the NOTIFY triggers of the
+    # hosts' listeners (fleet.store.pgnotify).
+    (
+        f"""CREATE TABLE kill_requests (
+            task {T} NOT NULL REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            owner {T} NOT NULL,
+            requested_by {T} NOT NULL,
+            requested_at {T} NOT NULL,
+            PRIMARY KEY (task, attempt)
+        )""",
+        *pgnotify.MIGRATION,
     ),
 )
 

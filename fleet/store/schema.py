@@ -451,6 +451,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "UPDATE tasks SET host = (SELECT a.owner FROM attempts a WHERE a.task = tasks.id"
         " ORDER BY a.n DESC LIMIT 1)",
     ),
+    (
+        # A person's request to stop a running attempt, for the host that runs it
+        # (fleet.signals): kept, so a host whose listener was down still finds it.
+        """CREATE TABLE kill_requests (
+            task TEXT NOT NULL REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            owner TEXT NOT NULL,
+            requested_by TEXT NOT NULL,
+            requested_at TEXT NOT NULL,
+            PRIMARY KEY (task, attempt)
+        ) WITHOUT ROWID""",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

@@ -1,10 +1,18 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
+<<<<<<< HEAD
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, backends, units,
 recovery, stream, answer, messages, status, stats, telegram, telegram-units, web, web-units,
 hosts; default: all, in that order; units, recovery, stream, telegram-units, web-units and
 hosts boot systemd sandboxes and need root; backends and hosts start a PostgreSQL cluster of
 their own).
+=======
+Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, backends, hosts,
+units, recovery, stream, answer, messages, status, stats, telegram, telegram-units, web,
+web-units; default: all, in that order; units, recovery, stream, telegram-units and web-units
+boot a systemd sandbox and need root; backends and hosts start a PostgreSQL cluster of their
+own).
+>>>>>>> main
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -43,6 +51,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_add_batch.NAME: bench_add_batch.main,
     bench_claim.NAME: bench_claim.main,
     bench_backends.NAME: bench_backends.main,
+    bench_hosts.NAME: bench_hosts.main,
     bench_units.NAME: bench_units.main,
     bench_recovery.NAME: bench_recovery.main,
     bench_stream.NAME: bench_stream.main,
