@@ -1,14 +1,18 @@
-"""Three hosts on one PostgreSQL queue, end to end: real systemd on each (tests/multihost.py), real
-units, the real database.
+"""Three hosts on one PostgreSQL queue, end to end: real systemd on each (tests/multihost.py),
+real units, fleet-listen, the real database.
 
 What must hold: each host runs at most its own `max_concurrent` and fills it while work is
-ready; every task runs exactly once whichever host takes it; every host sees every task; and
+ready, hearing of new work from the others without waiting for its timer; every task runs
+exactly once whichever host takes it; every host sees every task; a host that dies has its
+tasks run again elsewhere, once, and only after its lease ran out and it was silent longer
+than host_dead_after; an answer or a kill given on one host reaches the agent on another; and
 however many claimers race on however many hosts, no task is claimed twice.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -67,17 +71,52 @@ def ready(store: str) -> int:
 
 
 def wake(fleet_hosts: list[Host]) -> None:
-    """A dispatch pass on each host, one after the other (what each one's timer would start)."""
+    """A dispatch pass on each host, one after the other (what its timer would start)."""
     for host in fleet_hosts:
         host.poke()
 
 
-def test_tasks_spread_over_the_hosts_up_to_each_cap(three_hosts: list[Host]) -> None:
-    a, b, c = three_hosts
+def assert_every_host_sees(
+    fleet_hosts: list[Host], task_ids: list[str], where: dict[str, str]
+) -> None:
+    """`fleet ls`, `show` and `status` on each host show every task, `where` (task -> host)
+    those running, and the others ready."""
+    waiting = set(task_ids) - set(where)
+    caps = {h.name: (True, h.cap) for h in fleet_hosts}  # each host full
+    for host in fleet_hosts:
+        listed = {str(t["id"]): t for t in host.json("ls")}
+        assert set(listed) == set(task_ids)
+        assert {t: listed[t]["claimed_by"] for t in where} == where
+        assert {t: listed[t]["host"] for t in where} == where
+        assert {(listed[t]["status"], listed[t]["claimed_by"]) for t in waiting} == {
+            ("ready", None)
+        }
+        # A task of another host's, in full.
+        task_id, name = next((t, n) for t, n in where.items() if n != host.name)
+        shown = host.show(task_id)
+        assert shown["status"] == "running"
+        assert [a["owner"] for a in shown["attempt_log"]] == [name]
+        status = host.json("status")
+        counts = status["counts"]
+        assert (counts["running"], counts["ready"]) == (len(where), len(waiting))
+        assert counts["cap"] == host.cap  # the cap is each host's own
+        assert {r["id"] for r in status["running"]} == set(where)
+        assert {h["name"]: (h["alive"], h["running"]) for h in status["hosts"]} == caps
+    table = fleet_hosts[-1]("ls").stdout.splitlines()
+    for task_id, name in where.items():  # the HOST column
+        (line,) = [row for row in table if row.startswith(task_id)]
+        assert f" {name} " in line
+
+
+def test_tasks_spread_over_the_hosts_up_to_each_cap_and_every_host_sees_them(
+    three_hosts: list[Host],
+) -> None:
+    a = three_hosts[0]
     project = a.project
     (project / "release").mkdir()
-    task_ids = add_batch(a, 9, HOLD)  # 9 tasks for 1 + 2 + 3 slots
-    wake([b, c])
+    # 9 tasks for 1 + 2 + 3 slots. host-a's `fleet add` runs its own pass; the others hear of
+    # the new work through their fleet-listen (their timers would take up to 30 s).
+    task_ids = add_batch(a, 9, HOLD)
     wait_for(
         lambda: [len(ids) for ids in running_on(three_hosts).values()] == [1, 2, 3],
         60,
@@ -87,9 +126,10 @@ def test_tasks_spread_over_the_hosts_up_to_each_cap(three_hosts: list[Host]) -> 
     wake(three_hosts)
     now = running_on(three_hosts)
     assert [len(ids) for ids in now.values()] == [1, 2, 3]
-    assert statuses(a) == {"running": 6, "ready": 3}
+    where = {t: name for name, ids in now.items() for t in ids}
     claimed = dict(rows(a.store, "SELECT id, claimed_by FROM tasks WHERE claimed_by IS NOT NULL"))
-    assert claimed == {t: name for name, ids in now.items() for t in ids}
+    assert claimed == where
+    assert_every_host_sees(three_hosts, task_ids, where)
 
     # A slot frees on host-a: host-a (and nobody else: the others are full) takes one more.
     release(project, *now["host-a"])
@@ -113,6 +153,7 @@ def test_tasks_spread_over_the_hosts_up_to_each_cap(three_hosts: list[Host]) -> 
 
     release(project, *task_ids)
     assert wait_settled(three_hosts, task_ids) == dict.fromkeys(task_ids, "done")
+    assert statuses(three_hosts[1]) == {"done": 9}
     log = log_lines(project)
     # Every task ran exactly once, start to end, on the host its one attempt names.
     attempts = rows(a.store, "SELECT task, owner, outcome FROM attempts")
@@ -129,41 +170,6 @@ def test_tasks_spread_over_the_hosts_up_to_each_cap(three_hosts: list[Host]) -> 
                 depth += 1 if what == "start" else -1
                 peak = max(peak, depth)
         assert peak == host.cap, (host.name, log)
-    for host in three_hosts:
-        host.quiesce()
-
-
-def test_every_host_sees_every_task(three_hosts: list[Host]) -> None:
-    a, b, c = three_hosts
-    (a.project / "release").mkdir()
-    task_ids = add_batch(b, 7, HOLD)
-    wake([a, c])
-    wait_for(
-        lambda: sum(len(ids) for ids in running_on(three_hosts).values()) == 6,
-        60,
-        "six tasks running over the three hosts",
-    )
-    where = {t: name for name, ids in running_on(three_hosts).items() for t in ids}
-    (waiting,) = set(task_ids) - set(where)
-    for host in three_hosts:
-        listed = {str(t["id"]): t for t in host.json("ls")}
-        assert set(listed) == set(task_ids)
-        assert {t: listed[t]["claimed_by"] for t in where} == where
-        assert (listed[waiting]["status"], listed[waiting]["claimed_by"]) == ("ready", None)
-        # A task of another host's, in full.
-        task_id, name = next((t, n) for t, n in where.items() if n != host.name)
-        shown = host.show(task_id)
-        assert shown["status"] == "running"
-        assert [a["owner"] for a in shown["attempt_log"]] == [name]
-        status = host.json("status")
-        assert (status["counts"]["running"], status["counts"]["ready"]) == (6, 1)
-        assert status["counts"]["cap"] == host.cap  # the cap is each host's own
-        assert {r["id"] for r in status["running"]} == set(where)
-    table = c("ls").stdout
-    assert all(t in table for t in task_ids)
-    release(a.project, *task_ids)
-    assert wait_settled(three_hosts, task_ids) == dict.fromkeys(task_ids, "done")
-    assert statuses(a) == {"done": 7}
     for host in three_hosts:
         host.quiesce()
 
@@ -263,4 +269,63 @@ def test_a_dead_hosts_tasks_run_again_elsewhere_once_and_only_after_host_dead_af
     mine = set(task_ids) - set(on_c)
     assert outcomes == {**dict.fromkeys(on_c, "lost success"), **dict.fromkeys(mine, "success")}
     for host in (a, b):
+        host.quiesce()
+
+
+ASK_AGENT = Path(__file__).parent / "fixtures" / "ask_agent.py"
+
+
+def test_answer_and_kill_on_one_host_reach_agents_on_another(three_hosts: list[Host]) -> None:
+    a, b, c = three_hosts
+    # host-a's one slot is taken: what is added there next runs on host-b or host-c.
+    holder = a.add("sleep 7300")
+    wait_for(lambda: a.running() == [holder], 60, "host-a's slot taken")
+    asking = a.add(f"{sys.executable} {ASK_AGENT} 'Ship it?'")
+    sleeper = a.add("sleep 7301")
+    others = {h.name: h for h in (b, c)}
+
+    def host_of(task_id: str) -> Host:
+        found: list[Host] = []
+
+        def running() -> bool:
+            found[:] = [h for h in (b, c) if task_id in h.running()]
+            return bool(found)
+
+        wait_for(running, 60, f"{task_id} running on host-b or host-c")
+        return found[0]
+
+    # The answer, given on host-a, unblocks the agent's fleet-ask on the other host.
+    asker = host_of(asking)
+    wait_for(
+        lambda: bool(rows(a.store, "SELECT id FROM questions WHERE task = %s", asking)),
+        60,
+        "the agent's question",
+    )
+    (question,) = a.json("questions", "--task", asking)  # host-a lists it
+    assert question["text"] == "Ship it?"
+    a("answer", str(question["id"]), "yes, ship it")
+    assert wait_settled(three_hosts, [asking]) == {asking: "done"}
+    shown = a.show(asking)
+    assert "answered: yes, ship it" in shown["reason"]
+    assert [(x["owner"], x["outcome"]) for x in shown["attempt_log"]] == [(asker.name, "success")]
+    transcript = asker.box.run("journalctl", "-u", f"fleet-task@{asking}", "-o", "cat").stdout
+    # What ask_human returned to the agent there.
+    assert "got: The person (root@host-a) answered: yes, ship it" in transcript, transcript
+
+    # The kill, given on host-a, stops the agent on the other host, its whole unit.
+    runner = host_of(sleeper)
+    assert runner.name in others
+    runner.box.wait_for(
+        lambda: runner.box.run("pgrep", "-f", "sleep 7301", check=False).returncode == 0,
+        what="the agent started",
+    )
+    killed = a("kill", sleeper)  # returns once the attempt has ended, on whichever host
+    assert killed.stderr == ""
+    assert runner.box.run("pgrep", "-f", "sleep 7301", check=False).stdout == ""
+    assert sleeper not in runner.running()
+    shown = a.show(sleeper)
+    assert shown["status"] == "blocked" and "stopped by a person" in shown["reason"]
+    assert [(x["owner"], x["outcome"]) for x in shown["attempt_log"]] == [(runner.name, "killed")]
+    assert a.running() == [holder]  # host-a's own agent was never touched
+    for host in three_hosts:
         host.quiesce()

@@ -1,18 +1,10 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
-<<<<<<< HEAD
-Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, backends, units,
-recovery, stream, answer, messages, status, stats, telegram, telegram-units, web, web-units,
-hosts; default: all, in that order; units, recovery, stream, telegram-units, web-units and
-hosts boot systemd sandboxes and need root; backends and hosts start a PostgreSQL cluster of
-their own).
-=======
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, backends, hosts,
 units, recovery, stream, answer, messages, status, stats, telegram, telegram-units, web,
-web-units; default: all, in that order; units, recovery, stream, telegram-units and web-units
-boot a systemd sandbox and need root; backends and hosts start a PostgreSQL cluster of their
-own).
->>>>>>> main
+web-units, multihost; default: all, in that order; units, recovery, stream, telegram-units,
+web-units and multihost boot systemd sandboxes and need root; backends, hosts and multihost
+start a PostgreSQL cluster of their own).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -35,6 +27,7 @@ from tests.bench import (
     bench_hosts,
     bench_ls_json,
     bench_messages,
+    bench_multihost,
     bench_recovery,
     bench_stats,
     bench_status,
@@ -63,7 +56,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_stats.NAME: bench_stats.main,
     bench_web.NAME: bench_web.main,
     bench_web.UNITS_NAME: bench_web.main_units,
-    bench_hosts.NAME: bench_hosts.main,
+    bench_multihost.NAME: bench_multihost.main,
 }
 
 
