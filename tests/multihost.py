@@ -92,6 +92,17 @@ class Host:
         names = (str(u["unit"]) for u in json.loads(units.stdout))
         return sorted(n.split("@", 1)[1].removesuffix(".service") for n in names)
 
+    def idle(self, timeout: float = 60) -> None:
+        """Until no dispatch pass is pending or running here."""
+
+        def idle() -> bool:
+            state = self.box.systemctl("is-active", "fleet-claim.service", check=False).stdout
+            return state.strip() in ("inactive", "failed") and not any(
+                (self.home / "wake").glob("*")
+            )
+
+        wait_for(idle, timeout, f"{self.name}'s dispatcher to be idle")
+
     def poke(self) -> None:
         """A dispatch pass here now (what the timer, or a wake-up, would start)."""
         self.box.systemctl("start", "fleet-claim.service")

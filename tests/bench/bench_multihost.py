@@ -21,8 +21,12 @@ off, so the figures are fleet's cost and not the disk's).
    sleeps) runs `fleet add` through nsenter, as a person's shell there would; host-b, with
    its timer stopped, can only hear of it through its fleet-listen. The clock starts before
    nsenter and stops at the `date +%s.%N` the task's script writes first (the realtime clock
-   is one for every sandbox); the next run waits until the task is done. Beside it, SQLite on
-   one host: the same `fleet add` on the host that runs the task (its own dispatch pass).
+   is one for every sandbox); the next run waits until the task is done and host-b's
+   dispatcher is idle. Printed beside: the `fleet add` process itself, and when host-b's
+   dispatch pass started (its journal), which is how soon it heard; the rest is that pass
+   and fleet-run starting. Beside it, SQLite on one host: the same `fleet add` on the host
+   that runs the task (whose own dispatch pass, in `fleet add`, starts it; no
+   fleet-claim.service runs, so no pass figure).
 3. `fleet answer` -> agent unblocked: the agent of a task on host-b (tests/bench/
    asking_agent.py, a real fleet-ask over MCP) asks one question after another; once each is
    pending in the store, the clock starts and `fleet answer` runs on host-a; it stops at the
@@ -64,6 +68,9 @@ AGENT = Path(__file__).resolve().with_name("asking_agent.py")
 # The hosts' settings: short leases and grace, so nothing waits long on a slow machine.
 SETTINGS: dict[str, str | int] = {"lease_seconds": 10, "stop_grace_seconds": 2}
 TIMEOUT_S = 120.0
+# systemd's own MESSAGE_ID for "Starting UNIT..." (sd-messages.h: SD_MESSAGE_UNIT_STARTING).
+UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
+CLAIM_UNIT = "fleet-claim.service"
 
 
 def claims(tmp: Path, cluster: Any, n: int, runs: int) -> None:
@@ -119,10 +126,23 @@ def stamp(path: Path) -> float:
     return float(path.read_text())
 
 
-def add_latency(person: Host, agent: Host, runs: int) -> tuple[list[float], list[float]]:
-    """Figure 2: (add -> coder started, the `fleet add` process), ms, after one warm-up."""
-    started, added = [], []
+def pass_started(host: Host, cursor: str) -> float:
+    """When the first dispatch pass on `host` after `cursor` started (its journal's clock)."""
+    for entry in host.box.journal(f"--after-cursor={cursor}"):
+        if entry.get("MESSAGE_ID") == UNIT_STARTING and entry.get("UNIT") == CLAIM_UNIT:
+            return int(entry["__REALTIME_TIMESTAMP"]) / 1e6
+    raise RuntimeError(f"no dispatch pass started on {host.name}")
+
+
+def add_latency(person: Host, agent: Host, runs: int) -> dict[str, list[float]]:
+    """Figure 2, ms, after one warm-up: add -> coder started, the `fleet add` process, and
+    add -> the agent host's dispatch pass starting (how soon it heard)."""
+    found: dict[str, list[float]] = {"started": [], "process": []}
+    if agent is not person:  # on one host, `fleet add` itself runs the pass
+        found["pass"] = []
     for n in range(runs + 1):
+        agent.idle()  # each run starts from a host with no pass under way
+        cursor = str(agent.box.journal("-n", "1")[0]["__CURSOR"])
         path = person.project / f"started-{n}"
         # Written whole or not at all: the file appears by a rename.
         script = f"date +%s.%N > {path}.tmp && mv {path}.tmp {path}"
@@ -132,14 +152,16 @@ def add_latency(person: Host, agent: Host, runs: int) -> tuple[list[float], list
         at = stamp(path)
         wait_settled([agent], [task_id], TIMEOUT_S)
         if n:
-            started.append((at - begin) * 1000)
-            added.append((returned - begin) * 1000)
-    return started, added
+            found["started"].append((at - begin) * 1000)
+            found["process"].append((returned - begin) * 1000)
+            if "pass" in found:
+                found["pass"].append((pass_started(agent, cursor) - begin) * 1000)
+    return found
 
 
-def answer_latency(person: Host, agent: Host, runs: int) -> tuple[list[float], list[float]]:
-    """Figure 3: (answer -> agent unblocked, the `fleet answer` process), ms, after one
-    warm-up."""
+def answer_latency(person: Host, agent: Host, runs: int) -> dict[str, list[float]]:
+    """Figure 3, ms, after one warm-up: answer -> agent unblocked, the `fleet answer`
+    process."""
     from fleet.paths import resolve
     from fleet.store import open_store
 
@@ -169,7 +191,7 @@ def answer_latency(person: Host, agent: Host, runs: int) -> tuple[list[float], l
     finally:
         store.close()
     wait_settled([agent], [task_id], TIMEOUT_S)
-    return unblocked, answered
+    return {"started": unblocked, "process": answered}
 
 
 def lines(path: Path) -> list[str]:
@@ -193,15 +215,18 @@ def latencies(tmp: Path, cluster: Any, runs: int) -> None:
                 ("add", add_latency, ADD_TARGET_MS),
                 ("answer", answer_latency, ANSWER_TARGET_MS),
             ):
-                samples, command = measure(person, agent, runs)
+                samples = measure(person, agent, runs)
                 end = "coder started" if what == "add" else "agent unblocked"
                 measured[what] = report(
                     f"fleet {what} -> {end}, {across}, {backend}",
-                    samples,
+                    samples["started"],
                     "ms",
                     target if store else None,
                 )
-                report(f"fleet {what} process, {across}, {backend}", command, "ms")
+                report(f"fleet {what} process, {across}, {backend}", samples["process"], "ms")
+                if "pass" in samples:
+                    label = f"fleet add -> host B's dispatch pass starting, {across}, {backend}"
+                    report(label, samples["pass"], "ms")
             medians[backend] = measured
     for what in ("add", "answer"):
         ratio(
