@@ -6,9 +6,12 @@ holds its name), recover stale claims (back to ready, attempt recorded as lost: 
 earlier boot of this host, so lost the moment it is up again, or with the lease expired and the
 unit not alive; and another host's, once its lease expired AND that host has been silent longer
 than host_dead_after; a task lost max_lost times in a row is blocked instead), close the gates
-of coders over their daily budget (fleet.budget), then claim up to `max_concurrent` minus this
-host's live claims, honouring the pause and per-coder gates, and start a fleet-task@ID unit for
-each. Claims whose unit cannot be started are released at once, so no task is stranded.
+of coders over their daily budget (fleet.budget), look again for the task directories this
+host lacked (fleet.store.placement), then claim up to `max_concurrent` minus this host's live
+claims, honouring the pause and per-coder gates, what this host may run (fleet.affinity: a
+task's host and the labels it needs against `host_labels`) and the global caps per coder
+(fleet.caps), and start a fleet-task@ID unit for each. Claims whose unit cannot be started are
+released at once, so no task is stranded.
 
 The commands that make work ready (`fleet add`, `fleet retry`, `fleet resume`) run the same pass
 themselves when they can start this queue's units (`dispatch_or_wake`): that takes the path
@@ -28,6 +31,8 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from fleet import budget, containment, live, systemd, wake
+from fleet.affinity import host_labels
+from fleet.caps import global_caps
 from fleet.config import Config, dead_after
 from fleet.errors import FleetError
 from fleet.host import boot_id, machine_id, owner
@@ -63,7 +68,7 @@ def heartbeat(store: Store, config: Config, me: str) -> None:
     """This host's row in the store, seen now: its machine, boot, labels and cap."""
     from fleet.store.hosts import HostInfo
 
-    labels = tuple(config.values["host_labels"])
+    labels = host_labels(config.values["host_labels"])
     info = HostInfo(me, machine_id(), boot_id(), labels, config.get_int("max_concurrent"))
     store.heartbeat(info, dead_after(config))
 
@@ -120,12 +125,16 @@ def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: boo
             budget.check(store, config)  # close the gates of coders over their daily budget
             running = len(store.claims(me))
             free = config.get_int("max_concurrent") - running
+            if free > 0:
+                store.recheck_missing(me)  # a directory that appears is taken again at once
             claimed = store.claim(
                 free,
                 me,
                 config.get_int("lease_seconds"),
                 config.get_str("default_coder"),
                 config.get_str("default_model"),
+                labels=host_labels(config.values["host_labels"]),
+                caps=global_caps(config),
             )
             ids = [t.id for t in claimed]
             try:

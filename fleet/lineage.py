@@ -59,6 +59,9 @@ def subtask(
         base=(parent.branch or parent.base) if parent.isolated else None,
         merge=parent.merge if parent.isolated else None,
         parent_waits=waits,
+        # It works in the same directory: on the same host, with the labels that needs.
+        pinned_host=parent.pinned_host,
+        needs=parent.needs,
     )
 
 
@@ -103,6 +106,8 @@ def handoff(
         max_cost_usd=task.max_cost_usd,
         max_tokens=task.max_tokens,
         limits=task.limits,
+        pinned_host=task.pinned_host,
+        needs=task.needs,
     )
     return store.handoff(task_id, successor, context)
 

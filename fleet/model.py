@@ -189,6 +189,16 @@ TASK_FIELDS: tuple[Field, ...] = (
         "attempts in a row that ended lost (their host or runner gone); any other end resets it,"
         " and at max_lost the task is blocked",
     ),
+    Field(
+        "pinned_host",
+        "text",
+        "the only host that may run the task (`fleet add --host`, its `uname -n`), or null for any",
+    ),
+    Field(
+        "needs",
+        "list",
+        "labels a host must advertise (its host_labels setting) to run the task; [] for none",
+    ),
 )
 
 ATTEMPT_FIELDS: tuple[Field, ...] = (
@@ -269,6 +279,8 @@ class Task(NamedTuple):
     limits: dict[str, str] | None
     host: str | None
     lost_streak: int
+    pinned_host: str | None
+    needs: tuple[str, ...]
 
     @property
     def isolated(self) -> bool:
@@ -400,6 +412,8 @@ class TaskSpec(NamedTuple):
     max_tokens: int | None = None
     sandbox: str | None = None  # none, standard, strict; None: the coder's or the setting
     limits: dict[str, str] | None = None  # checked by fleet.limits; None: none of its own
+    pinned_host: str | None = None  # the only host that may run it (fleet.affinity); None: any
+    needs: tuple[str, ...] = ()  # labels its host must have
 
 
 class TaskEdit(NamedTuple):
@@ -420,6 +434,9 @@ class TaskEdit(NamedTuple):
     max_cost_usd: float | None = None
     max_tokens: int | None = None
     limits: dict[str, str] | None = None  # merged into the task's own; "" removes a name
+    pinned_host: str | None = None  # the only host that may run it; clear it for any host
+    add_needs: tuple[str, ...] = ()
+    remove_needs: tuple[str, ...] = ()
 
     @property
     def touches_run(self) -> bool:

@@ -86,14 +86,20 @@ def full_id(text: str) -> str:
 
 def take(store: Store, config: Config, task_id: str, me: str, under_systemd: bool) -> Task:
     """The task, claimed for this attempt; Conflict if this runner may not run it."""
+    from fleet.affinity import Placement, host_labels
+    from fleet.caps import global_caps
+
     task = store.get(task_id)
     if task.claimed_by is None:
+        labels = host_labels(config.values["host_labels"])
         claimed = store.claim_task(
             task_id,
             me,
             config.get_int("lease_seconds"),
             config.get_str("default_coder"),
             config.get_str("default_model"),
+            labels=labels,
+            caps=global_caps(config),
         )
         if claimed is not None:
             return claimed
@@ -101,8 +107,14 @@ def take(store: Store, config: Config, task_id: str, me: str, under_systemd: boo
         # and never take over that runner's claim.
         task = store.get(task_id)
         if task.claimed_by is None:
-            why = f"it is {task.status}" if task.status != Status.READY else "it waits on others"
-            raise Conflict(f"{task_id} is not claimable: {why}")
+            why = Placement(task.pinned_host, task.needs).refusal(me, labels)
+            if why is None and task.status != Status.READY:
+                why = f"it is {task.status}"
+            elif why is None and any(h == me for h, _ in store.missing_on(task_id)):
+                why = f"its directory {task.cwd} does not exist on this host"
+            elif why is None and not task.waiting_on and global_caps(config):
+                why = "its coder has as many tasks running as its global_max_concurrent"
+            raise Conflict(f"{task_id} is not claimable: {why or 'it waits on others'}")
         under_systemd = False
     if task.claimed_by == me and task.status != Status.READY:
         if not under_systemd:

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from fleet.store import Store
 
 CLAIM_UNITS = ("fleet-claim.path", "fleet-claim.timer", "fleet-claim.service")
+# How many of the ready tasks that not every host may run `nowhere` looks at, oldest first.
+NOWHERE_LOOKED_AT = 1000
 
 FIELDS: tuple[Field, ...] = (
     Field("generated_at", "text", "UTC ISO 8601 time of the snapshot"),
@@ -44,6 +46,12 @@ FIELDS: tuple[Field, ...] = (
     Field("counts.done", "int", "done tasks"),
     Field("counts.cancelled", "int", "cancelled tasks"),
     Field("counts.handed_off", "int", "tasks handed off to a successor"),
+    Field(
+        "counts.elsewhere",
+        "int",
+        "ready tasks this host may not run: another host's (fleet add --host), needing a label"
+        " it lacks (--needs, host_labels), or whose directory it lacks",
+    ),
     Field("pause", "object", "the global pause (`fleet pause`), or null: reason, by, since"),
     Field(
         "hosts",
@@ -110,6 +118,13 @@ FIELDS: tuple[Field, ...] = (
         "object",
         "the last dispatch pass: at, started, recovered, running, error (null if it worked); or"
         " null before the first",
+    ),
+    Field(
+        "nowhere",
+        "array",
+        "ready tasks that no live host of the queue (fleet hosts) can run: pinned to a host"
+        " that is not live, needing labels no live host has, or whose directory the live hosts"
+        " that could run them lack (of the oldest 1000 that not every host may run): id, why",
     ),
 )
 
@@ -237,7 +252,21 @@ def snapshot(
     counts = store.status_counts()
     gates = store.open_gates()
     by_name = {g["name"]: g for g in gates}
-    ready = store.ready_by_coder(default)
+    from fleet import affinity
+    from fleet.host import owner
+
+    anywhere = store.ready_by_coder(default)
+    here = (owner(), affinity.host_labels(config.values["host_labels"]))
+    ready = store.ready_by_coder(default, here)
+    nowhere: dict[str, str] = {}
+    apart = store.placed_apart(NOWHERE_LOOKED_AT) if sum(anywhere.values()) else []
+    if apart:
+        missing = store.missing_ready()
+        hosts = affinity.live(store.hosts(dead_after(config)))
+        for task in apart:
+            why = affinity.nowhere(task.pinned_host, task.needs, missing.get(task.id, ()), hosts)
+            if why:
+                nowhere[task.id] = why
     if "pause" in by_name:
         held = sum(ready.values())
     else:
@@ -263,13 +292,14 @@ def snapshot(
             "cap": config.get_int("max_concurrent"),
             "ready": ready_total - held,
             "held": held,
-            "waiting": counts.get("ready", 0) - ready_total,
+            "waiting": counts.get("ready", 0) - sum(anywhere.values()),
             "merging": counts.get("merging", 0),
             "blocked": counts.get("blocked", 0),
             "suspended": counts.get("suspended", 0),
             "done": counts.get("done", 0),
             "cancelled": counts.get("cancelled", 0),
             "handed_off": counts.get("handed-off", 0),
+            "elsewhere": sum(anywhere.values()) - ready_total,
         },
         "hosts": [h.to_json() for h in store.hosts(dead_after(config))],
         "pause": (
@@ -329,6 +359,7 @@ def snapshot(
         "running": _running(paths, store, claimed, unit_states),
         "undelivered": store.spooled(),  # what fleet.alerts.undelivered counts
         "units": health,
+        "nowhere": [{"id": task_id, "why": why} for task_id, why in sorted(nowhere.items())],
     }
 
 
@@ -456,6 +487,13 @@ def text(snap: Mapping[str, Any]) -> str:
             ]
             for r in snap["running"]
         ],
+    )
+    if c.get("elsewhere"):
+        lines += ["", f"ELSEWHERE: {c['elsewhere']} ready tasks this host may not run (fleet ls)"]
+    lines += table(
+        f"RUNS NOWHERE ({len(snap['nowhere'])}: no live host can run them; fleet show ID)",
+        ["ID", "WHY"],
+        [[n["id"], n["why"]] for n in snap.get("nowhere", [])],
     )
     if snap["undelivered"]:
         n = snap["undelivered"]

@@ -57,6 +57,19 @@ EXPECTED = (
     ),
     r"heartbeat of a dispatch pass, postgresql vs sqlite: ratio [\d.]+x",
     r"ls --json, 2000 tasks, postgresql vs sqlite: ratio [\d.]+x",
+    *(
+        line
+        for backend in ("sqlite", "postgresql")
+        for mode in ("plain", "placed", "capped")
+        for line in (
+            rf"claim and finish, 8 claimers, 100 tasks, {mode}, {backend}: median [\d.]+"
+            r" cycles/s \(no target\)",
+            # Under the cap, the most running at once is checked too.
+            rf"affinity safety, {mode}, {backend}: 0 double, 0 not done once, most"
+            + (r" [0-4] \(cap 4: most must be <= 4\)" if mode == "capped" else r" \d+")
+            + "$",
+        )
+    ),
     r"answer -> ask_human returns: median [\d.]+ ms \(target <= 200 ms",
     r"fleet answer process, start to exit: median [\d.]+ ms \(no target\)",
     r"answer runs: 3 answers to one fleet-ask, one question at a time",
@@ -111,6 +124,7 @@ def test_quick_benchmarks_print_every_figure() -> None:
             "claim",
             "backends",
             "hosts",
+            "affinity",
             "answer",
             "messages",
             "telegram",
@@ -121,7 +135,7 @@ def test_quick_benchmarks_print_every_figure() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=360,
+        timeout=480,
         check=False,
     )
     output = proc.stdout + proc.stderr

@@ -200,10 +200,10 @@ def when(iso: str) -> datetime:
 def test_a_dead_hosts_tasks_run_again_elsewhere_once_and_only_after_host_dead_after(
     host_factory: Callable[..., list[Host]],
 ) -> None:
-    lease, dead_after = 10, 15  # host_dead_after must exceed the lease and its renew period
-    fleet_hosts = host_factory(
-        caps=(2, 2, 2), settings={"lease_seconds": lease, "host_dead_after": dead_after}
-    )
+    # host_dead_after must exceed the lease, its renew period and the stop grace (10 + 4 + 2)
+    lease, dead_after, grace = 10, 17, 2
+    settings = {"lease_seconds": lease, "host_dead_after": dead_after, "stop_grace_seconds": grace}
+    fleet_hosts = host_factory(caps=(2, 2, 2), settings=settings)
     a, b, c = fleet_hosts
     # A dispatch pass every two seconds on each host (its timer's, made faster): nothing but
     # the hosts' own units notices the silence and recovers.
@@ -248,9 +248,11 @@ def test_a_dead_hosts_tasks_run_again_elsewhere_once_and_only_after_host_dead_af
         )
         where = next(h for h, ids in after.items() if task_id in ids)
         assert (lost[0], lost[3], again[0], again[3]) == ("host-c", "lost", where, None)
-        # Recovered, and started again, only once the lease had run out AND host-c had been
-        # silent longer than host_dead_after: never while the first could still run.
-        assert when(lost[2]) >= max(when(leases[task_id]), silent_until)
+        # Recovered, and started again, only once host-c had been silent longer than
+        # host_dead_after AND the lease had run out, with the grace a runner that cannot
+        # renew has to stop its agent: never while the first could still run.
+        stopped_by = when(leases[task_id]) + timedelta(seconds=grace)
+        assert when(lost[2]) >= max(stopped_by, silent_until)
         assert when(again[1]) >= when(lost[2])
 
     release(project, *task_ids)
@@ -275,27 +277,15 @@ def test_a_dead_hosts_tasks_run_again_elsewhere_once_and_only_after_host_dead_af
 ASK_AGENT = Path(__file__).parent / "fixtures" / "ask_agent.py"
 
 
-def test_answer_and_kill_on_one_host_reach_agents_on_another(three_hosts: list[Host]) -> None:
-    a, b, c = three_hosts
-    # host-a's one slot is taken: what is added there next runs on host-b or host-c.
-    holder = a.add("sleep 7300")
-    wait_for(lambda: a.running() == [holder], 60, "host-a's slot taken")
-    asking = a.add(f"{sys.executable} {ASK_AGENT} 'Ship it?'")
-    sleeper = a.add("sleep 7301")
-    others = {h.name: h for h in (b, c)}
+def test_answer_and_kill_on_host_a_reach_agents_on_host_b(three_hosts: list[Host]) -> None:
+    a, b, _ = three_hosts
+    # Added on host-a, for host-b alone (fleet add --host): host-a's own pass leaves them.
+    asking = a.add(f"{sys.executable} {ASK_AGENT} 'Ship it?'", "--host", "host-b")
+    sleeper = a.add("sleep 7301", "--host", "host-b")
+    wait_for(lambda: b.running() == sorted([asking, sleeper]), 60, "both running on host-b")
+    assert a.running() == []
 
-    def host_of(task_id: str) -> Host:
-        found: list[Host] = []
-
-        def running() -> bool:
-            found[:] = [h for h in (b, c) if task_id in h.running()]
-            return bool(found)
-
-        wait_for(running, 60, f"{task_id} running on host-b or host-c")
-        return found[0]
-
-    # The answer, given on host-a, unblocks the agent's fleet-ask on the other host.
-    asker = host_of(asking)
+    # The answer, given on host-a, unblocks the agent's fleet-ask on host-b.
     wait_for(
         lambda: bool(rows(a.store, "SELECT id FROM questions WHERE task = %s", asking)),
         60,
@@ -307,25 +297,22 @@ def test_answer_and_kill_on_one_host_reach_agents_on_another(three_hosts: list[H
     assert wait_settled(three_hosts, [asking]) == {asking: "done"}
     shown = a.show(asking)
     assert "answered: yes, ship it" in shown["reason"]
-    assert [(x["owner"], x["outcome"]) for x in shown["attempt_log"]] == [(asker.name, "success")]
-    transcript = asker.box.run("journalctl", "-u", f"fleet-task@{asking}", "-o", "cat").stdout
+    assert [(x["owner"], x["outcome"]) for x in shown["attempt_log"]] == [("host-b", "success")]
+    transcript = b.box.run("journalctl", "-u", f"fleet-task@{asking}", "-o", "cat").stdout
     # What ask_human returned to the agent there.
     assert "got: The person (root@host-a) answered: yes, ship it" in transcript, transcript
 
-    # The kill, given on host-a, stops the agent on the other host, its whole unit.
-    runner = host_of(sleeper)
-    assert runner.name in others
-    runner.box.wait_for(
-        lambda: runner.box.run("pgrep", "-f", "sleep 7301", check=False).returncode == 0,
+    # The kill, given on host-a, stops the agent on host-b, its whole unit.
+    b.box.wait_for(
+        lambda: b.box.run("pgrep", "-f", "sleep 7301", check=False).returncode == 0,
         what="the agent started",
     )
-    killed = a("kill", sleeper)  # returns once the attempt has ended, on whichever host
+    killed = a("kill", sleeper)  # returns once the attempt has ended, on host-b
     assert killed.stderr == ""
-    assert runner.box.run("pgrep", "-f", "sleep 7301", check=False).stdout == ""
-    assert sleeper not in runner.running()
+    assert b.box.run("pgrep", "-f", "sleep 7301", check=False).stdout == ""
+    assert b.running() == []
     shown = a.show(sleeper)
     assert shown["status"] == "blocked" and "stopped by a person" in shown["reason"]
-    assert [(x["owner"], x["outcome"]) for x in shown["attempt_log"]] == [(runner.name, "killed")]
-    assert a.running() == [holder]  # host-a's own agent was never touched
+    assert [(x["owner"], x["outcome"]) for x in shown["attempt_log"]] == [("host-b", "killed")]
     for host in three_hosts:
         host.quiesce()

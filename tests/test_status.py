@@ -104,6 +104,7 @@ def test_counts_gates_questions_and_running_tasks(
         "done": 1,
         "cancelled": 0,
         "handed_off": 0,
+        "elsewhere": 0,
     }
     (gate,) = snap["gates"]
     assert (gate["coder"], gate["kind"], gate["until"], gate["window"]) == (

@@ -39,6 +39,8 @@ class Defaults(NamedTuple):
     after: tuple[str, ...] = ()
     sandbox: str | None = None
     limits: tuple[tuple[str, str], ...] = ()
+    host: str | None = None
+    needs: tuple[str, ...] = ()
 
 
 BATCH_KEYS = (
@@ -60,6 +62,8 @@ BATCH_KEYS = (
     "max_tokens",
     "sandbox",
     "limits",
+    "host",
+    "needs",
 )
 MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is a mistake
 
@@ -145,12 +149,26 @@ MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is
     " (its own key `limits` wins).",
 )
 @click.option(
+    "--host",
+    metavar="NAME",
+    help="Run the task only on the host of this name (`uname -n` there), of those that share"
+    " the queue; its --cwd need not exist on this one. With --batch, for the lines that give"
+    " none.",
+)
+@click.option(
+    "--needs",
+    multiple=True,
+    metavar="LABEL",
+    help="Run the task only on a host whose host_labels setting has this label; repeatable"
+    " (every one is needed); with --batch, added to every line's.",
+)
+@click.option(
     "--batch",
     metavar="FILE|-",
     help="Add many tasks from a file of JSON lines (keys as the options, parent_waits for"
     " --parent-waits; `ref` names a task for `after` or `parent` within the batch). --cwd,"
-    " --coder, --model and -p are defaults for the lines that do not give their own; --label"
-    " and --after are added to every line's.",
+    " --coder, --model, --host and -p are defaults for the lines that do not give their own;"
+    " --label, --needs and --after are added to every line's.",
 )
 @output_options
 @pass_app
@@ -173,6 +191,8 @@ def add(
     max_tokens: int | None,
     sandbox: str | None,
     limits: tuple[str, ...],
+    host: str | None,
+    needs: tuple[str, ...],
     batch: str | None,
     fmt: str | None,
 ) -> None:
@@ -183,7 +203,8 @@ def add(
     """
     specs, lines, source = build(
         app, title, description, cwd, coder, model, priority, after, labels, parent,
-        parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox, limits, batch,
+        parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox, limits, host, needs,
+        batch,
     )  # fmt: skip
     tasks = add_tasks(app, specs, lines, source)
     out = fmt_of(fmt)
@@ -223,13 +244,17 @@ def build(
     max_tokens: int | None,
     sandbox: str | None,
     limits: tuple[str, ...],
+    host: str | None,
+    needs: tuple[str, ...],
     batch: str | None,
 ) -> tuple[list[TaskSpec], list[int], str]:
     """The specs `fleet add`'s arguments ask for, the batch's line numbers and its source."""
-    from fleet import inputs
+    from fleet import affinity, inputs
     from fleet.limits import pairs
 
     own = pairs(limits)
+    host = affinity.host_name(host) if host is not None else None
+    needs = affinity.labels(needs)
     lines: list[int] = []
     source = ""
     if batch is not None and (parent is not None or parent_waits):
@@ -255,7 +280,7 @@ def build(
             )
         given = click.get_current_context().get_parameter_source("priority")
         defaults = Defaults(
-            cwd=inputs.cwd(cwd) if cwd else None,
+            cwd=where(cwd, host) if cwd else None,
             coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
             model=inputs.name("model", model) if model else None,
             priority=priority if given != click.core.ParameterSource.DEFAULT else DEFAULT_PRIORITY,
@@ -263,6 +288,8 @@ def build(
             after=tuple(dict.fromkeys(after)),
             sandbox=sandbox,
             limits=tuple(own.items()),
+            host=host,
+            needs=needs,
         )
         specs, lines = read_batch(app, batch, defaults)
     else:
@@ -271,7 +298,7 @@ def build(
         one = One(
             title, inputs.description(description), cwd, coder, model, priority, after, labels,
             parent, parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox,
-            tuple(own.items()),
+            tuple(own.items()), host, needs,
         )  # fmt: skip
         specs = [spec_of(app, one)]
     return specs, lines, source
@@ -297,6 +324,27 @@ class One(NamedTuple):
     max_tokens: int | None = None
     sandbox: str | None = None
     limits: tuple[tuple[str, str], ...] = ()
+    host: str | None = None
+    needs: tuple[str, ...] = ()
+
+
+def where(cwd: str | None, host: str | None) -> str:
+    """The task's directory, checked here (`inputs.cwd`) unless the task runs only on another
+    host, which may have directories this one has not: then an absolute path is enough."""
+    import os
+
+    from fleet import inputs
+    from fleet.host import owner
+
+    if host is None or host == owner() or cwd is None or os.path.isdir(cwd):
+        return inputs.cwd(cwd)
+    path = inputs.utf8("--cwd", cwd)
+    if not os.path.isabs(path) or "\x00" in path or "\n" in path:
+        raise InputError(
+            f"--cwd must be an absolute directory on host {host}, not {cwd!r}",
+            hint="it does not exist here, so it cannot be resolved here",
+        )
+    return os.path.normpath(path)
 
 
 def spec_of(app: App, one: One) -> TaskSpec:
@@ -305,7 +353,7 @@ def spec_of(app: App, one: One) -> TaskSpec:
     from fleet import inputs
 
     parent = one.parent
-    directory = inputs.cwd(one.cwd) if one.cwd or parent is None else app.store.get(parent).cwd
+    directory = where(one.cwd, one.host) if one.cwd or parent is None else app.store.get(parent).cwd
     isolation, base, merge = one.isolation, one.base, one.merge
     if parent is not None:
         isolation, base, merge = inherit(app.store.get(parent), directory, isolation, base, merge)
@@ -329,6 +377,8 @@ def spec_of(app: App, one: One) -> TaskSpec:
         max_tokens=one.max_tokens,
         sandbox=one.sandbox,
         limits=dict(one.limits) or None,
+        pinned_host=one.host,
+        needs=one.needs,
     )
 
 
@@ -431,7 +481,8 @@ def parse_batch(
         raise InputError(f"{name} holds no tasks", hint="give one JSON object per line")
     refs = {o["ref"] for _, o in objs if isinstance(o.get("ref"), str)}
     defaults = defaults._replace(cwd=defaults.cwd or inputs.cwd(None))
-    cwds: dict[str, str] = {}  # a batch names few directories: check each once
+    # A batch names few directories (each for a host, or any): check each once.
+    cwds: dict[tuple[str, str | None], str] = {}
     specs: list[TaskSpec] = []
     checked: dict[Isolating, tuple[str, str | None]] = {}
     for number, obj in objs:
@@ -448,12 +499,12 @@ def _spec(
     obj: dict[str, Any],
     refs: set[str],
     defaults: Defaults,
-    cwds: dict[str, str],
+    cwds: dict[tuple[str, str | None], str],
     checked: dict[Isolating, tuple[str, str | None]],
     earlier: list[TaskSpec],
 ) -> TaskSpec:
     """One batch line as a spec; `earlier`: the lines before it, a `parent` ref names one."""
-    from fleet import inputs
+    from fleet import affinity, inputs
     from fleet.limits import of_task
 
     unknown = sorted(set(obj) - set(BATCH_KEYS))
@@ -488,9 +539,11 @@ def _spec(
     if title is None:
         raise InputError("title is missing")
     coder, model, ref, parent = text("coder"), text("model"), text("ref"), text("parent")
+    host = text("host")
+    host = affinity.host_name(host, "host") if host is not None else defaults.host
     cwd = text("cwd")
-    if cwd is not None and cwd not in cwds:
-        cwds[cwd] = inputs.cwd(cwd)
+    if cwd is not None and (cwd, host) not in cwds:
+        cwds[cwd, host] = where(cwd, host)
     isolation = text("isolation")
     if isolation is not None and isolation not in ISOLATIONS:
         raise InputError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
@@ -531,7 +584,7 @@ def _spec(
     elif parent_ref is not None:
         of = app.store.get(parent_ref)
     fallback = of.cwd if of is not None else defaults.cwd or ""  # the line's own cwd first
-    directory = cwds[cwd] if cwd is not None else fallback
+    directory = cwds[cwd, host] if cwd is not None else fallback
     if of is not None:
         isolation, base, merge = inherit(of, directory, isolation, base, merge)
     key = (directory, isolation, base, merge)
@@ -557,4 +610,6 @@ def _spec(
         max_tokens=max_tokens,
         sandbox=sandbox,
         limits=limits or None,
+        pinned_host=host,
+        needs=tuple(dict.fromkeys([*defaults.needs, *affinity.labels(texts("needs"), "needs")])),
     )

@@ -67,6 +67,13 @@ json_option = click.option(
     help="Set a resource limit of the task's own, as `fleet add --limit` does (KEY=: remove"
     " it, back to its coder's, labels' or the setting); repeatable; not while it runs.",
 )
+@click.option(
+    "--host",
+    metavar="NAME",
+    help="Run the task only on this host from now on (empty: on any host).",
+)
+@click.option("--needs", multiple=True, metavar="LABEL", help="Add a label its host must have.")
+@click.option("--not-needs", multiple=True, metavar="LABEL", help="No longer need this host label.")
 @json_option
 @pass_app
 def edit(
@@ -86,9 +93,12 @@ def edit(
     max_cost: str | None,
     max_tokens: str | None,
     limits: tuple[str, ...],
+    host: str | None,
+    needs: tuple[str, ...],
+    not_needs: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Change a task's fields, labels, dependencies, budgets and limits.
+    """Change a task's fields, labels, dependencies, budgets, limits and where it may run.
 
     The directory, coder, model and limits cannot change while an attempt is running.
     """
@@ -97,7 +107,7 @@ def edit(
     text = inputs.description(description) if description is not None else None
     change = edit_of(
         app, title, text, cwd, coder, model, priority, labels, unlabel, after, not_after, parent,
-        max_cost, max_tokens, limits,
+        max_cost, max_tokens, limits, host, needs, not_needs,
     )  # fmt: skip
     _done(edit_task(app, task_id, change), as_json)
 
@@ -118,10 +128,13 @@ def edit_of(
     max_cost: str | None = None,
     max_tokens: str | None = None,
     limits: Sequence[str] = (),
+    host: str | None = None,
+    needs: Sequence[str] = (),
+    not_needs: Sequence[str] = (),
 ) -> TaskEdit:
     """The change `fleet edit` makes of its options, each checked (None leaves a field alone,
     "" clears coder, model and the budgets); `description` is the text itself."""
-    from fleet import inputs
+    from fleet import affinity, inputs
     from fleet.limits import pairs
 
     emptied = (
@@ -129,6 +142,7 @@ def edit_of(
         ("model", model),
         ("max_cost_usd", max_cost),
         ("max_tokens", max_tokens),
+        ("pinned_host", host),
     )
     clear = frozenset(name for name, value in emptied if value == "")
     change = TaskEdit(
@@ -147,6 +161,9 @@ def edit_of(
         max_cost_usd=inputs.amount("--max-cost", max_cost) if max_cost else None,
         max_tokens=inputs.count("--max-tokens", max_tokens) if max_tokens else None,
         limits=pairs(limits, removable=True) if limits else None,
+        pinned_host=affinity.host_name(host) if host else None,
+        add_needs=affinity.labels(needs),
+        remove_needs=tuple(not_needs),
     )
     return change
 

@@ -55,6 +55,38 @@ def held(app: App, tasks: Iterable[Task]) -> dict[str, str]:
     return found
 
 
+def unplaced(app: App, tasks: Iterable[Task]) -> dict[str, str]:
+    """Ready tasks (their dependencies done) that this host may not run, or that no live host
+    of the queue can (fleet.affinity) -> why."""
+    ready = [t for t in tasks if t.status == Status.READY and not t.waiting_on]
+    if not ready:
+        return {}
+    missing = app.store.missing_ready()
+    apart = [t for t in ready if t.pinned_host is not None or t.needs or t.id in missing]
+    if not apart:
+        return {}  # the usual case: no configuration read, no more work
+    from fleet import affinity
+    from fleet.config import dead_after
+    from fleet.host import owner
+
+    me = owner()
+    labels = affinity.host_labels(app.config.values["host_labels"])
+    hosts = affinity.live(app.store.hosts(dead_after(app.config)))
+    found: dict[str, str] = {}
+    for t in apart:
+        lacking = missing.get(t.id, ())
+        why = affinity.nowhere(t.pinned_host, t.needs, lacking, hosts)
+        if why:
+            found[t.id] = f"runs nowhere: {why}"
+            continue
+        why = affinity.Placement(t.pinned_host, t.needs).refusal(me, labels)
+        if why is None and me in lacking:
+            why = "its directory is missing on this host"
+        if why:
+            found[t.id] = f"not here: {why}"
+    return found
+
+
 def live_units(app: App, tasks: Iterable[Task]) -> dict[str, tuple[str, str]]:
     """(ActiveState, status line) of the units of claimed tasks; empty without systemd."""
     claimed = [t.id for t in tasks if t.claimed_by]
@@ -75,13 +107,16 @@ def _table(app: App, tasks: Iterable[Task]) -> None:
     tasks = list(tasks)
     units = live_units(app, tasks)
     holds = held(app, tasks)
+    places = unplaced(app, tasks)
     focuses = app.store.focuses() if any(t.claimed_by for t in tasks) else {}
 
     def note(t: Task) -> str:
         """What the agent of a claimed task said it works on, else its unit's live state; or
-        why a ready one is held."""
+        why a ready one is held, or cannot run here or anywhere."""
         if t.id in holds:
             return holds[t.id]
+        if t.id in places:
+            return shorten(places[t.id], 50)
         if t.id in focuses:
             return shorten(f"focus: {focuses[t.id][0]}", 50)
         state, status = units.get(t.id, ("", ""))
@@ -176,6 +211,8 @@ def ls(
     A ready task that a gate holds back (the pause, its coder's rate limit or daily budget) is
     shown as held, with why in the NOTE column; a running one has its unit's live status there.
     HOST is the host running the task, else the one that ran its last attempt.
+    So has a ready task that this host may not run (`fleet add --host`, `--needs`, its
+    directory missing here) or that no host the queue knows of can run (`runs nowhere`).
     """
     from fleet import inputs
     from fleet.store import TaskFilter
@@ -214,26 +251,32 @@ def ls(
 @output_options
 @pass_app
 def ready(app: App, limit: int | None, fmt: str | None) -> None:
-    """List the tasks that would be claimed next, in claim order, then those a gate holds.
+    """List the tasks this host would claim next, in claim order, then those a gate holds.
 
     Claim order is priority (0 first), then age; a task whose dependencies are not all done is
     not ready. A ready task that the pause holds, or whose coder is rate-limited or over its
     daily budget, is not next: it follows the others as held, with the reason (`held: claude
     rate-limited until 14:05`); with --json each object has `held`, that reason or null.
+    Tasks for another host, needing a label this host lacks (host_labels) or whose directory
+    it lacks are not listed.
     """
+    from fleet.affinity import host_labels
+    from fleet.host import owner
+
     out = fmt_of(fmt)
     if limit is None and out == "table":
         limit = TABLE_LIMIT
     gates = app.store.gates()
     gated = tuple(g[6:] for g in gates if g.startswith("coder:"))
+    here = (owner(), host_labels(app.config.values["host_labels"]))
     if "pause" in gates or not gated:
-        order = app.store.ready(limit)  # all held, or none
+        order = app.store.ready(limit, here=here)  # all held, or none
     else:
         default = app.config.get_str("default_coder")
-        order = app.store.ready(limit, gated, default, among=False)
+        order = app.store.ready(limit, gated, default, among=False, here=here)
         if limit is None or len(order) < limit:
             rest = None if limit is None else limit - len(order)
-            order += app.store.ready(rest, gated, default)
+            order += app.store.ready(rest, gated, default, here=here)
     holds = held(app, order)
     if out == "table":
         _table(app, order)
@@ -301,6 +344,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
     by_model = app.store.attempt_usage(task_id)
     if as_json:
         obj: dict[str, Any] = task.to_json()
+        obj["cwd_missing_on"] = [{"host": h, "since": t} for h, t in app.store.missing_on(task_id)]
         obj["attempt_log"] = [{**a.to_json(), "usage": by_model.get(a.n, [])} for a in attempts]
         emit_object(obj)
         return
@@ -313,6 +357,8 @@ def show(app: App, task_id: str, as_json: bool) -> None:
         state += " on " + ", ".join(task.waiting_on)
     claim = f"{task.claimed_by} until {task.lease_until}" if task.claimed_by else None
     unit_state, unit_status = live_units(app, [task]).get(task.id, ("", ""))
+    missing = app.store.missing_on(task.id)
+    lacking = ", ".join(f"{h} (since {since})" for h, since in missing)
     emit_pairs(
         [
             ("id", task.id),
@@ -321,6 +367,9 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("reason", opt(task.reason)),
             ("priority", task.priority),
             ("cwd", task.cwd),
+            ("runs on", task.pinned_host or "any host"),
+            ("needs", opt(", ".join(task.needs))),
+            ("cwd missing on", opt(lacking)),
             ("coder", task.coder or "(default_coder when first claimed)"),
             ("model", task.model or "(the coder's default)"),
             ("labels", opt(", ".join(task.labels))),

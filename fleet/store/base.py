@@ -3,7 +3,10 @@
 Semantics every backend must keep (SQLite and PostgreSQL, both fleet.store.sql):
 - each method is atomic, and each transition names the state it expects (compare-and-set), so
   concurrent callers can never claim a task twice or resurrect a finished one;
-- `claim` takes the highest-priority, oldest ready tasks whose dependencies are all done;
+- `claim` takes the highest-priority, oldest ready tasks whose dependencies are all done,
+  of those the claiming host may run (fleet.store.placement: the task's host, the labels it
+  needs, its directory present there), never more tasks of a coder with a global cap than
+  the cap allows on all hosts together;
 - a person's close/block/cancel wins over a running attempt: when that attempt ends, `finish`
   keeps the person's status and only records the attempt;
 - a suspended task is never claimed: only `resume_task` makes it ready again, naming the
@@ -54,7 +57,7 @@ Semantics every backend must keep (SQLite and PostgreSQL, both fleet.store.sql):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
 from fleet.audit import Actor
@@ -175,10 +178,12 @@ class Store(Coordinating, Hosting, Signalling, Protocol):
         coders: tuple[str, ...] | None = None,
         default_coder: str = "",
         among: bool = True,
+        here: tuple[str, Sequence[str]] | None = None,
     ) -> list[Task]:
         """What `claim` would take next, in claim order, gates aside; with `coders`, only the
         tasks of those coders (a task naming none has `default_coder`), or with among=False
-        only those of the others."""
+        only those of the others; with `here` (host name, its labels), only what that host
+        may claim."""
         ...
 
     def attempts(self, task_id: str) -> list[Attempt]: ...
@@ -294,8 +299,11 @@ class Store(Coordinating, Hosting, Signalling, Protocol):
         """How many tasks are in each status."""
         ...
 
-    def ready_by_coder(self, default_coder: str) -> dict[str, int]:
-        """How many tasks `claim` could take now (gates aside), by coder."""
+    def ready_by_coder(
+        self, default_coder: str, here: tuple[str, Sequence[str]] | None = None
+    ) -> dict[str, int]:
+        """How many tasks `claim` could take now (gates aside), by coder; with `here` (host
+        name, its labels), on that host."""
         ...
 
     def attempt_rows(
@@ -353,9 +361,14 @@ class Store(Coordinating, Hosting, Signalling, Protocol):
         default_coder: str,
         default_model: str | None,
         boot: str | None = None,
+        labels: Sequence[str] = (),
+        caps: Mapping[str, int] | None = None,
     ) -> list[Task]:
-        """Claim up to `n` ready tasks for `owner`, in boot `boot` of it (None: this process's,
-        fleet.host.boot_id), each with a lease of `lease_s` seconds."""
+        """Claim up to `n` ready tasks for host `owner`, in boot `boot` of it (None: this
+        process's, fleet.host.boot_id), each with a lease of `lease_s` seconds: tasks for any
+        host or for `owner`, needing none but `labels`, whose directory exists here (one that
+        does not is passed over and recorded: `missing_on`), and no more of a coder of `caps`
+        (coder -> tasks at once on all hosts) than its cap leaves room for."""
         ...
 
     def claim_task(
@@ -366,8 +379,29 @@ class Store(Coordinating, Hosting, Signalling, Protocol):
         default_coder: str,
         default_model: str | None,
         boot: str | None = None,
+        labels: Sequence[str] = (),
+        caps: Mapping[str, int] | None = None,
     ) -> Task | None:
-        """Claim this one task if it is claimable now (as `claim` does); None otherwise."""
+        """Claim this one task if it is claimable now by this host (as `claim` does, its
+        directory looked for whatever was recorded); None otherwise."""
+        ...
+
+    def recheck_missing(self, owner: str) -> list[str]:
+        """Look again for the directories host `owner` was recorded to lack; forget those
+        found (and those of tasks finished or moved elsewhere). The ready tasks found again."""
+        ...
+
+    def missing_on(self, task_id: str) -> list[tuple[str, str]]:
+        """(host, since when) of the hosts that lack the task's directory."""
+        ...
+
+    def missing_ready(self) -> dict[str, tuple[str, ...]]:
+        """Ready tasks with hosts that lack their directory: id -> those hosts."""
+        ...
+
+    def placed_apart(self, limit: int) -> list[Task]:
+        """Up to `limit` ready tasks, oldest first, that not every host may run: pinned to a
+        host, needing labels, or with hosts lacking their directory."""
         ...
 
     def renew(self, task_id: str, owner: str, lease_s: float, attempt: int | None = None) -> bool:

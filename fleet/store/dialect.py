@@ -3,7 +3,7 @@
 `fleet.store.sql` writes its statements once, in SQLite's syntax where the two agree and with
 `?` placeholders; a backend's connection translates placeholders (`PostgreSQL.sql`), and each
 fragment below is spelt once per dialect: building JSON, matching labels and words, no limit,
-date arithmetic, the lock a claim takes, and the clock. Upserts are `INSERT … ON CONFLICT`,
+date arithmetic, the locks a claim takes, and the clock. Upserts are `INSERT … ON CONFLICT`,
 which both accept as it is.
 
 The clock: a lease or a deadline is `time_sql` bound to `time_arg(seconds)`: on SQLite the
@@ -51,6 +51,11 @@ class Dialect(NamedTuple):  # not a dataclass: importing dataclasses costs every
     no_limit: int | None  # a LIMIT that limits nothing
     seconds_between: Callable[[str, str], str]  # (later, earlier) ISO times
     skip_locked: str  # after a claim's SELECT: how concurrent claimers pass each other
+    # (inner, outer) JSON arrays as text: whether every element of inner is one of outer's
+    json_within: Callable[[str, str], str]
+    # The statement a claim under global caps runs first, so that claimers of all hosts count
+    # running tasks one after the other; empty where every write is serial already.
+    cap_lock: str
     time_sql: str  # an ISO time, `time_arg(seconds)` from now
     time_arg: Callable[[float], Any]
 
@@ -71,10 +76,18 @@ SQLITE = Dialect(
     no_limit=-1,
     seconds_between=lambda a, b: f"(julianday({a}) - julianday({b})) * 86400.0",
     skip_locked="",  # a write holds the whole database
+    json_within=lambda inner, outer: (
+        f"NOT EXISTS (SELECT 1 FROM json_each({inner}) n WHERE n.value NOT IN"
+        f" (SELECT o.value FROM json_each({outer}) o))"
+    ),
+    cap_lock="",  # the claim's write holds the whole database
     time_sql="?",
     time_arg=_host_time,
 )
 
+# The advisory lock of claims under global caps per coder: not the write lock (pgstore's
+# 0x666C7400), which claims only share, but a key of its own that they take exclusively.
+CAP_LOCK_KEY = 0x666C7401
 # PostgreSQL's functions take at most 100 arguments: json_build_object 50 pairs.
 _PG_MAX_PAIRS = 50
 # The ISO format of fleet.timeutil, from the database's clock (now(): the transaction's start).
@@ -103,6 +116,8 @@ POSTGRES = Dialect(
         f"extract(epoch FROM ({a})::timestamptz - ({b})::timestamptz)::double precision"
     ),
     skip_locked=" FOR UPDATE OF t SKIP LOCKED",
+    json_within=lambda inner, outer: f"({outer})::jsonb @> ({inner})::jsonb",
+    cap_lock=f"SELECT pg_advisory_xact_lock({CAP_LOCK_KEY})",
     time_sql=_PG_TIME,
     time_arg=lambda seconds: float(seconds),
 )

@@ -347,6 +347,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         *pgnotify.MIGRATION,
     ),
+    # 19: where the task may run (a host, the labels it needs), and the hosts that lack its
+    # directory (fleet.store.placement).
+    (
+        f"ALTER TABLE tasks ADD COLUMN pinned_host {T}",
+        f"ALTER TABLE tasks ADD COLUMN needs {T}",
+        f"""CREATE TABLE cwd_missing (
+            task {T} NOT NULL REFERENCES tasks(id),
+            host {T} NOT NULL,
+            cwd {T} NOT NULL,
+            since {T} NOT NULL,
+            PRIMARY KEY (task, host)
+        )""",
+        "CREATE INDEX cwd_missing_host ON cwd_missing (host)",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

@@ -463,6 +463,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (task, attempt)
         ) WITHOUT ROWID""",
     ),
+    (
+        # Where the task may run (fleet.affinity): only on host `pinned_host` (null: any), only
+        # on a host advertising every label of `needs` (a JSON array; null: none).
+        "ALTER TABLE tasks ADD COLUMN pinned_host TEXT",
+        "ALTER TABLE tasks ADD COLUMN needs TEXT",
+        # Hosts that found a task's directory missing when they were about to claim it: they
+        # pass over it until they find `cwd` there again (fleet.store.placement).
+        """CREATE TABLE cwd_missing (
+            task TEXT NOT NULL REFERENCES tasks(id),
+            host TEXT NOT NULL,
+            cwd TEXT NOT NULL,
+            since TEXT NOT NULL,
+            PRIMARY KEY (task, host)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX cwd_missing_host ON cwd_missing (host)",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -53,6 +53,7 @@ from fleet.model import (
 )
 from fleet.questions import not_pending
 from fleet.schedules import MANUAL, Schedule, ScheduleRun
+from fleet.store import placement
 from fleet.store.base import (
     MERGE_CLAIM,
     BadSpec,
@@ -101,6 +102,9 @@ def _task_json_sql(d: Dialect, t: str = "t") -> str:
     exprs = {
         "labels": d.json(f"{t}.labels"),
         "limits": d.json(f"{t}.limits"),
+        "needs": (
+            f"CASE WHEN {t}.needs IS NULL THEN {d.empty_array} ELSE {d.json(f'{t}.needs')} END"
+        ),
         # Almost always empty: parsing '[]' on every row was a tenth of `fleet ls --json`.
         "merged_from": (
             f"CASE WHEN {t}.merged_from = '[]' THEN {d.empty_array}"
@@ -348,6 +352,7 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
         coders: tuple[str, ...] | None = None,
         default_coder: str = "",
         among: bool = True,
+        here: tuple[str, Sequence[str]] | None = None,
     ) -> list[Task]:
         where, args = READY_WHERE, []
         if coders is not None:
@@ -355,6 +360,9 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
                 f" AND COALESCE(t.coder, ?) {'' if among else 'NOT '}IN ({_marks(len(coders))})"
             )
             args = [default_coder, *coders]
+        if here is not None:
+            where += f" AND {self._placed()}"
+            args += self._placed_args(*here)
         sql = (
             f"SELECT {self.q.task_json} FROM tasks t WHERE {where}"
             " ORDER BY t.priority, t.seq LIMIT ?"
@@ -537,8 +545,8 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
             row = db.execute(
                 "INSERT INTO tasks (id, title, description, priority, cwd, coder, model,"
                 " labels, created_at, updated_at, isolation, base, merge, max_cost_usd,"
-                " max_tokens, sandbox, limits)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " max_tokens, sandbox, limits, pinned_host, needs)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (id) DO NOTHING RETURNING seq",
                 (
                     task_id,
@@ -558,6 +566,8 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
                     spec.max_tokens,
                     spec.sandbox,
                     json.dumps(spec.limits) if spec.limits else None,
+                    spec.pinned_host,
+                    placement.needs_value(spec.needs),
                 ),
             ).fetchone()
             if row is not None:
@@ -590,6 +600,7 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
                 "priority",
                 "max_cost_usd",
                 "max_tokens",
+                "pinned_host",
             ):
                 value = getattr(change, name)
                 if value is not None:
@@ -604,6 +615,10 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
                 labels = [x for x in cur.labels if x not in change.remove_labels]
                 labels += [x for x in dict.fromkeys(change.add_labels) if x not in labels]
                 sets["labels"] = json.dumps(labels)
+            if change.add_needs or change.remove_needs:
+                needs = [x for x in cur.needs if x not in change.remove_needs]
+                needs += [x for x in dict.fromkeys(change.add_needs) if x not in needs]
+                sets["needs"] = placement.needs_value(needs)
             if change.parent is not None:
                 self._check_parent(db, task_id, change.parent)
                 sets["parent"] = change.parent
@@ -924,6 +939,8 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
         default_coder: str,
         default_model: str | None,
         boot: str | None = None,
+        labels: Sequence[str] = (),
+        caps: Mapping[str, int] | None = None,
     ) -> list[Task]:
         if n <= 0:
             return []
@@ -935,13 +952,27 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
             f"{READY_WHERE} AND NOT EXISTS (SELECT 1 FROM gates g WHERE g.name = 'pause'"
             f" AND {gate_open}) AND COALESCE(t.coder, ?) NOT IN (SELECT substr(g.name, 7)"
             f" FROM gates g WHERE substr(g.name, 1, 6) = 'coder:' AND {gate_open})"
+            f" AND {placement.host_and_needs(d)} AND {placement.not_missing()}"
         )
-        args = (d.time_arg(0), default_coder, d.time_arg(0))
-        with self._write(shared=True) as db:
-            claimed = self._claim(
-                db, where, args, n, owner, lease_s, default_coder, default_model, boot
-            )
-            return [self._fetch(db, t) for t in claimed]
+        args = (
+            d.time_arg(0),
+            default_coder,
+            d.time_arg(0),
+            owner,
+            placement.labels_arg(labels),
+            owner,
+        )
+        for _ in range(placement.ROUNDS):
+            try:
+                with self._write(shared=True) as db:
+                    claimed = self._claim_capped(
+                        db, where, args, n, owner, lease_s, default_coder, default_model, boot,
+                        caps,
+                    )  # fmt: skip
+                    return [self._fetch(db, t) for t in claimed]
+            except placement.Missing as e:
+                self._note_missing(owner, e.found, where, args)
+        return []
 
     def claim_task(
         self,
@@ -951,16 +982,75 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
         default_coder: str,
         default_model: str | None,
         boot: str | None = None,
+        labels: Sequence[str] = (),
+        caps: Mapping[str, int] | None = None,
     ) -> Task | None:
         boot = boot or host.boot_id()
-        with self._write(shared=True) as db:
-            where = f"t.id = ? AND {READY_WHERE}"
-            args = (task_id,)
-            if not self._claim(
-                db, where, args, 1, owner, lease_s, default_coder, default_model, boot
-            ):
-                return None
-            return self._fetch(db, task_id)
+        where = f"t.id = ? AND {READY_WHERE} AND {placement.host_and_needs(self.dialect)}"
+        args = (task_id, owner, placement.labels_arg(labels))
+        try:
+            with self._write(shared=True) as db:
+                if not self._claim_capped(
+                    db, where, args, 1, owner, lease_s, default_coder, default_model, boot, caps
+                ):
+                    return None
+                # Its directory is here (again): no longer recorded as missing on this host.
+                self._later.append(
+                    ("DELETE FROM cwd_missing WHERE task = ? AND host = ?", (task_id, owner))
+                )
+                return self._fetch(db, task_id)
+        except placement.Missing as e:
+            self._note_missing(owner, e.found)
+            return None
+
+    def _claim_capped(
+        self,
+        db: Conn,
+        where: str,
+        args: tuple[Any, ...],
+        n: int,
+        owner: str,
+        lease_s: float,
+        default_coder: str,
+        default_model: str | None,
+        boot: str | None,
+        caps: Mapping[str, int] | None,
+    ) -> list[str]:
+        """`_claim`, keeping to `caps` (coder -> how many of its tasks may run at once on all
+        hosts): the running ones are counted under the dialect's cap lock, which every claim
+        under caps takes, and each round claims no more than the fullest capped coder still
+        has room for, in claim order, until `n` are claimed or nothing more may be."""
+        if not caps:
+            return [r[0] for r in self._claim(db, where, args, n, owner, lease_s, default_coder,
+                                              default_model, boot)]  # fmt: skip
+        if self.dialect.cap_lock:
+            db.execute(self.dialect.cap_lock)
+        capped = sorted(caps)
+        running = dict(
+            db.execute(
+                "SELECT coder, count(*) FROM tasks WHERE claimed_by IS NOT NULL"
+                f" AND lease_until IS NOT NULL AND coder IN ({_marks(len(capped))})"
+                " GROUP BY coder",
+                capped,
+            ).fetchall()
+        )
+        room = {c: caps[c] - int(running.get(c, 0)) for c in capped}
+        claimed: list[str] = []
+        while len(claimed) < n:
+            full = [c for c, k in room.items() if k <= 0]
+            limit = min([n - len(claimed), *(k for k in room.values() if k > 0)])
+            w, a = where, args
+            if full:
+                w += f" AND COALESCE(t.coder, ?) NOT IN ({_marks(len(full))})"
+                a = (*args, default_coder, *full)
+            rows = self._claim(db, w, a, limit, owner, lease_s, default_coder, default_model, boot)
+            claimed += [r[0] for r in rows]
+            for _, coder in rows:
+                if coder in room:
+                    room[coder] -= 1
+            if len(rows) < limit:
+                break
+        return claimed
 
     def _claim(
         self,
@@ -973,11 +1063,12 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
         default_coder: str,
         default_model: str | None,
         boot: str | None,
-    ) -> list[str]:
+    ) -> list[tuple[str, str]]:
         """Claim the first `n` ready tasks `where` says, in claim order, in one statement: the
         owner, the attempt, the lease, by the store's clock, and the boot of the owner's host
         the claim is made in (its dialect's lock lets concurrent claimers pass over each
-        other's picks instead of waiting for them)."""
+        other's picks instead of waiting for them). (task, coder) of each, in claim order;
+        raises placement.Missing, before recording anything, if a directory is missing here."""
         now = now_iso()
         d = self.dialect
         rows = db.execute(
@@ -994,7 +1085,7 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
             " coder = COALESCE(coder, ?),"
             " model = COALESCE(model, ?), started_at = COALESCE(started_at, ?),"
             " updated_at = ? WHERE id IN (SELECT id FROM picked)"
-            " RETURNING id, attempts, coder, model, priority, seq",
+            " RETURNING id, cwd, attempts, coder, model, priority, seq",
             (
                 *args,
                 n,
@@ -1008,7 +1099,12 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
                 now,
             ),
         ).fetchall()
-        rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING keeps no order
+        # The claiming host looks for each directory (the transaction is undone if one is
+        # missing: see fleet.store.placement).
+        missing = placement.lacking(rows)
+        if missing:
+            raise placement.Missing(missing)
+        rows.sort(key=lambda r: (r[5], r[6]))  # RETURNING keeps no order
         if rows:  # one statement, sent with the commit (see _later)
             self._later.append(
                 (
@@ -1016,14 +1112,97 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
                     + ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(rows)),
                     tuple(
                         x
-                        for task_id, n, coder, model, *_ in rows
+                        for task_id, _, n, coder, model, *_ in rows
                         for x in (task_id, n, owner, now, coder, model)
                     ),
                 )
             )
-        for task_id, attempt, *_ in rows:
+        for task_id, _, attempt, *_ in rows:
             self._audit(db, task_id, "claimed", attempt=attempt, owner=owner, boot=boot)
-        return [r[0] for r in rows]
+        return [(str(r[0]), str(r[3])) for r in rows]
+
+    def _note_missing(
+        self,
+        owner: str,
+        found: list[tuple[str, str]],
+        where: str | None = None,
+        args: tuple[Any, ...] = (),
+    ) -> None:
+        """Record that host `owner` lacks the directories of `found` (task, cwd), and of
+        the claimable tasks `where` says just behind them (looked at now, outside any lock:
+        a claim looks again at each task it takes)."""
+        missing = dict(found)
+        if where is not None:
+            with self._read() as db:
+                ahead = db.execute(
+                    f"SELECT t.id, t.cwd FROM tasks t WHERE {where} AND t.claimed_by IS NULL"
+                    " ORDER BY t.priority, t.seq LIMIT ?",
+                    (*args, placement.LOOK_AHEAD),
+                ).fetchall()
+            missing.update(placement.lacking(ahead))
+        now = now_iso()
+        with self._write(shared=True) as db:
+            # A record of another directory (the task's cwd was edited since) starts anew.
+            db.executemany(
+                "INSERT INTO cwd_missing (task, host, cwd, since) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (task, host) DO UPDATE SET cwd = excluded.cwd,"
+                " since = excluded.since WHERE cwd_missing.cwd <> excluded.cwd",
+                [(task_id, owner, cwd, now) for task_id, cwd in sorted(missing.items())],
+            )
+
+    def recheck_missing(self, owner: str) -> list[str]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT m.task, m.cwd, t.status, t.cwd FROM cwd_missing m JOIN tasks t"
+                " ON t.id = m.task WHERE m.host = ?",
+                (owner,),
+            ).fetchall()
+        if not rows:
+            return []
+        still = {task for task, _ in placement.lacking(rows)}
+        # Found again, or no longer of use: the task moved to another directory or finished.
+        drop = [
+            str(task)
+            for task, cwd, status, now_cwd in rows
+            if task not in still or cwd != now_cwd or status in FINAL
+        ]
+        if drop:
+            with self._write(shared=True) as db:
+                db.executemany(
+                    "DELETE FROM cwd_missing WHERE task = ? AND host = ?",
+                    [(task, owner) for task in drop],
+                )
+        return [str(task) for task, _, status, _ in rows if task not in still and status == "ready"]
+
+    def missing_ready(self) -> dict[str, tuple[str, ...]]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT m.task, m.host FROM cwd_missing m JOIN tasks t ON t.id = m.task"
+                " WHERE t.status = 'ready' AND m.cwd = t.cwd ORDER BY m.task, m.host"
+            ).fetchall()
+        out: dict[str, tuple[str, ...]] = {}
+        for task_id, lacking in rows:
+            out[str(task_id)] = (*out.get(str(task_id), ()), str(lacking))
+        return out
+
+    def placed_apart(self, limit: int) -> list[Task]:
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {self.q.task_json} FROM tasks t WHERE t.status = 'ready'"
+                " AND (t.pinned_host IS NOT NULL OR t.needs IS NOT NULL"
+                " OR t.id IN (SELECT m.task FROM cwd_missing m)) ORDER BY t.seq LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [Task.from_json(json.loads(r[0])) for r in rows]
+
+    def missing_on(self, task_id: str) -> list[tuple[str, str]]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT m.host, m.since FROM cwd_missing m JOIN tasks t ON t.id = m.task"
+                " WHERE m.task = ? AND m.cwd = t.cwd ORDER BY m.host",
+                (task_id,),
+            ).fetchall()
+        return [(str(h), str(since)) for h, since in rows]
 
     def set_worktree(self, task_id: str, owner: str, branch: str, worktree: str) -> Task:
         with self._write() as db:
@@ -1259,7 +1438,17 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
             rows = db.execute("SELECT status, count(*) FROM tasks GROUP BY status").fetchall()
         return {str(status): int(n) for status, n in rows}
 
-    def ready_by_coder(self, default_coder: str) -> dict[str, int]:
+    def _placed(self) -> str:
+        """What host (name, labels) of `_placed_args` may claim (fleet.store.placement)."""
+        return f"{placement.host_and_needs(self.dialect)} AND {placement.not_missing()}"
+
+    @staticmethod
+    def _placed_args(name: str, labels: Sequence[str]) -> list[Any]:
+        return [name, placement.labels_arg(labels), name]
+
+    def ready_by_coder(
+        self, default_coder: str, here: tuple[str, Sequence[str]] | None = None
+    ) -> dict[str, int]:
         # All ready tasks less those that wait (driven by the few dependencies, rather than a
         # probe of them per ready task: a third of the time on a big queue).
         waiting = (
@@ -1268,13 +1457,16 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
             " ON p.id = w.predecessor WHERE w.predecessor IS NOT NULL"
             " AND p.claimed_by IS NOT NULL)"
         )
+        placed, args = "", []
+        if here is not None:
+            placed, args = f" AND {self._placed()}", self._placed_args(*here)
         counts: dict[str, int] = {}
         with self._read() as db:
             for sign, where in ((1, ""), (-1, f" AND ({waiting})")):
                 rows = db.execute(
                     "SELECT COALESCE(t.coder, ?), count(*) FROM tasks t"
-                    f" WHERE t.status = 'ready'{where} GROUP BY COALESCE(t.coder, ?)",
-                    (default_coder, default_coder),
+                    f" WHERE t.status = 'ready'{placed}{where} GROUP BY COALESCE(t.coder, ?)",
+                    (default_coder, *args, default_coder),
                 ).fetchall()
                 for coder, n in rows:
                     counts[str(coder)] = counts.get(str(coder), 0) + sign * int(n)

@@ -1,10 +1,10 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, backends, hosts,
-units, recovery, stream, answer, messages, status, stats, telegram, telegram-units, web,
-web-units, multihost; default: all, in that order; units, recovery, stream, telegram-units,
-web-units and multihost boot systemd sandboxes and need root; backends, hosts and multihost
-start a PostgreSQL cluster of their own).
+affinity, units, recovery, stream, answer, messages, status, stats, telegram, telegram-units,
+web, web-units, multihost; default: all, in that order; units, recovery, stream,
+telegram-units, web-units and multihost boot systemd sandboxes and need root; backends, hosts,
+affinity and multihost start a PostgreSQL cluster of their own).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -20,6 +20,7 @@ from time import perf_counter
 
 from tests.bench import (
     bench_add_batch,
+    bench_affinity,
     bench_answer,
     bench_backends,
     bench_claim,
@@ -45,6 +46,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_claim.NAME: bench_claim.main,
     bench_backends.NAME: bench_backends.main,
     bench_hosts.NAME: bench_hosts.main,
+    bench_affinity.NAME: bench_affinity.main,
     bench_units.NAME: bench_units.main,
     bench_recovery.NAME: bench_recovery.main,
     bench_stream.NAME: bench_stream.main,
