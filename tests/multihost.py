@@ -9,12 +9,18 @@ directory, units, journal, boot and machine ids and host name are its own; the p
 directories the tasks run in are under the test's tmp_path, which every host sees at the same
 path (as a shared file system, or the same checkout on each machine, would give them).
 
-Use the `hosts` fixture (three hosts "host-a", "host-b", "host-c", caps 1, 2, 3) or
-`boot_hosts` for other caps and settings. A test module gets the fixtures by naming them at
-module level, as with tests/sandbox.py::
+Use the `three_hosts` fixture ("host-a", "host-b", "host-c", caps 1, 2, 3, each on a new
+database), `host_factory` for other caps, settings or names, or `boot_hosts` outside pytest
+(the benchmarks). Booting and setting up run side by side, one thread per host; each host
+also runs fleet-listen, which `fleet setup` installs for a PostgreSQL store. A test module
+gets the fixtures by naming them at module level, as with tests/sandbox.py::
 
     from tests import multihost
     three_hosts = multihost.three_hosts
+    host_factory = multihost.host_factory
+
+`race` runs store-level claimer processes (tests/claimer.py) on the hosts; `wait_settled`
+waits for tasks through the store, whichever host runs them.
 """
 
 from __future__ import annotations
