@@ -16,7 +16,14 @@ lets the host's enabled units start. So the sandbox's systemd sees:
 * a boot id of its own (``Sandbox.boot_id``, read-only over /proc/sys/kernel/random/boot_id):
   the kernel's is one per boot of the VM, shared by every namespace, but each sandbox is a boot
   of the machine it stands for, and what keys on the boot (fleet's claims, ``journalctl -b``)
-  must see a new one as it would after a real reboot.
+  must see a new one as it would after a real reboot;
+* with ``hostname=``, a machine of its own: that host name (the UTS namespace's, and over
+  /etc/hostname, which systemd would otherwise set at boot; fleet names a host by
+  os.uname()), and a machine id of its own (``Sandbox.machine_id``, read-only over
+  /etc/machine-id) kept in ``DIR/conf/machine-id``, so that booting the same directory again
+  is a reboot of the same machine. Without it, a sandbox is a boot of this machine: its name
+  and machine id are the host's (a sandbox booted after another one crashed is that machine
+  rebooted, whatever its directory).
 
 Shared with the host on purpose: /tmp (tests exchange files through ``tmp_path``), /usr, /home,
 the network, the rest of /proc/sys, and /sys. The in-namespace steps are in ``sandbox_boot.sh``.
@@ -73,6 +80,11 @@ PRIVATE_DIRS = (
     "/var/lib/systemd",
     "/var/log/journal",
 )
+
+
+# A host name the kernel takes and fleet prints as is: RFC 1123 labels, at most 64 bytes.
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+HOSTNAME = re.compile(rf"(?=.{{1,64}}$){_LABEL}(\.{_LABEL})*")
 
 
 class SandboxError(RuntimeError):
@@ -157,6 +169,13 @@ def namespace_processes(ns_fd: int) -> list[int]:
     return pids
 
 
+def _host_machine_id() -> str:
+    try:
+        return Path("/etc/machine-id").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def _within(path: Path, parent: str) -> bool:
     return path == Path(parent) or Path(parent) in path.parents
 
@@ -205,6 +224,10 @@ class Sandbox:
     """The sandbox's cgroup, relative to the root of each hierarchy."""
     boot_id: str
     """The id every process of this boot reads from /proc/sys/kernel/random/boot_id."""
+    machine_id: str
+    """What every process reads from /etc/machine-id: the same for every boot of DIR."""
+    hostname: str
+    """The sandbox's node name (os.uname().nodename inside): `hostname=`, else the host's."""
     boot_state: str
     """What `systemctl is-system-running --wait` said at the end of boot."""
     boot_seconds: float
@@ -228,6 +251,8 @@ class Sandbox:
         self._stopped = False
         self.pid = 0
         self.boot_id = ""
+        self.machine_id = ""
+        self.hostname = ""
         self.boot_state = ""
         self.boot_seconds = 0.0
         self.stop_seconds = None
@@ -253,11 +278,11 @@ class Sandbox:
         StateDirectory= off the host); the default hides /usr/local/lib, where a system-wide
         `fleet setup` installs its journal catalog. `state`, a directory, is the sandbox's
         /var/lib/systemd instead of a tmpfs, so that a second boot with the same directory and
-        state sees the timer stamps of the first (a reboot). Accepts the states "running" and
+        state sees the timer stamps of the first (a reboot). `hostname` makes it a machine of
+        its own, with that name and the machine id an earlier boot of the same directory had,
+        else a new one (without it, both are the host's). Accepts the states "running" and
         "degraded" (a unit enabled in DIR/units failed; see boot_state); anything else is a
-        SandboxError. `hostname` is the sandbox's own node name (its UTS namespace, and its
-        /etc/hostname), for tests where sandboxes stand for distinct hosts; by default it keeps
-        the host's.
+        SandboxError.
         """
         started = time.monotonic()
         if os.geteuid() != 0:
@@ -273,6 +298,8 @@ class Sandbox:
             state = state.resolve()
             if not state.is_dir() or any(_within(state, parent) for parent in hidden):
                 raise SandboxError(f"state={state}: not a directory the sandbox can see")
+        if hostname is not None and not HOSTNAME.fullmatch(hostname):
+            raise SandboxError(f"hostname={hostname!r}: not a host name (letters, digits, -, .)")
         for sub in ("units", "user-units", "conf"):
             (directory / sub).mkdir(parents=True, exist_ok=True)
         journald = _ini("Journal", ("Storage=volatile", "ReadKMsg=no", *journald_conf))
@@ -281,10 +308,16 @@ class Sandbox:
         # A new id for every boot, in the kernel's format (sandbox_boot.sh mounts it).
         boot_id = str(uuid.uuid4())
         _write(directory / "conf" / "boot_id", boot_id + "\n")
+        machine_id = _host_machine_id()
         if hostname is not None:
-            if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", hostname):
-                raise SandboxError(f"hostname={hostname!r}: not a host name")
             _write(directory / "conf" / "hostname", hostname + "\n")
+            # Another machine's id, which outlives its boots: kept in DIR, made at the first.
+            machine_file = directory / "conf" / "machine-id"
+            with contextlib.suppress(FileNotFoundError):
+                machine_id = machine_file.read_text().strip()
+            if not re.fullmatch(r"[0-9a-f]{32}", machine_id) or machine_id == _host_machine_id():
+                machine_id = uuid.uuid4().hex
+                _write(machine_file, machine_id + "\n")
 
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", directory.name)[:40]
         cgroup = f"{CGROUP_BASE}/{tag}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -312,6 +345,8 @@ class Sandbox:
             )
         box = cls(directory, cgroup, hierarchies, unshare)
         box.boot_id = boot_id
+        box.machine_id = machine_id
+        box.hostname = hostname or os.uname().nodename
         _RUNNING.add(box)
         try:
             box._await_boot(started + timeout)
@@ -412,6 +447,18 @@ class Sandbox:
         self.stop_seconds = time.monotonic() - started
         if problems:
             raise SandboxError("; ".join(problems))
+
+    def kill(self) -> None:
+        """Pulls the plug: SIGKILL to the sandbox's `unshare`, whose --kill-child SIGKILLs its
+        PID 1 and with it every process of the namespace, as a machine that loses power (no
+        unit stops, no ExecStopPost runs); then stop() checks that nothing is left."""
+        if self._stopped:
+            return
+        self._unshare.kill()
+        self._unshare.wait(timeout=10)
+        if self._pidfd is not None:
+            self._signal_and_wait(signal.SIGKILL, 10)  # the child's death signal is delivered
+        self.stop(timeout=5)
 
     def _signal_and_wait(self, signum: int, timeout: float) -> bool:
         assert self._pidfd is not None

@@ -8,12 +8,13 @@
 #   sandbox_boot.sh DIR CGROUP
 #
 # DIR     the sandbox directory prepared by Sandbox.boot(): units/, user-units/,
-#         conf/journald.conf, conf/system.conf, conf/boot_id, console.log
+#         conf/journald.conf, conf/system.conf, conf/boot_id, console.log, and for a
+#         named machine conf/hostname and conf/machine-id
 # CGROUP  path of the sandbox's own cgroup, relative to each hierarchy's root
 # $SANDBOX_HIERARCHIES  newline-separated cgroup hierarchy mount points
 # $SANDBOX_TMPFS        newline-separated extra directories to cover with a tmpfs
 # $SANDBOX_STATE        a directory to bind as /var/lib/systemd (else a tmpfs)
-# $SANDBOX_HOSTNAME     the sandbox's node name (else the host's)
+# $SANDBOX_HOSTNAME     a machine of its own: its host name (else the host's name and id)
 set -eu
 
 dir=$1
@@ -49,12 +50,17 @@ END
 mount --bind "$dir/conf/boot_id" /proc/sys/kernel/random/boot_id
 mount -o remount,bind,ro /proc/sys/kernel/random/boot_id
 
-# A node name of its own when asked for (the UTS namespace is the sandbox's), also as
-# /etc/hostname, which systemd would otherwise set the host's name from at boot.
+# A machine of its own when named: the name in the UTS namespace and in /etc/hostname, from
+# which systemd sets it again as it boots, and its own id (read-only, as an installed
+# system's). (Existing files only: creating one here would create it on the host.)
 if [ -n "${SANDBOX_HOSTNAME:-}" ]; then
-    echo "$SANDBOX_HOSTNAME" >/proc/sys/kernel/hostname
-    if [ -e /etc/hostname ]; then
+    printf '%s' "$SANDBOX_HOSTNAME" >/proc/sys/kernel/hostname
+    if [ -f /etc/hostname ]; then
         mount --bind "$dir/conf/hostname" /etc/hostname
+    fi
+    if [ -f /etc/machine-id ]; then
+        mount --bind "$dir/conf/machine-id" /etc/machine-id
+        mount -o remount,bind,ro /etc/machine-id
     fi
 fi
 

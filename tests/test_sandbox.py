@@ -241,6 +241,63 @@ def test_every_boot_has_a_boot_id_of_its_own(sandbox_factory: Boot) -> None:
     assert Path(boot_ids).read_text().strip() == kernel
 
 
+def test_a_sandbox_is_a_machine_of_its_own_name_and_id(
+    sandbox_factory: Boot, tmp_path: Path
+) -> None:
+    host_name, host_id = os.uname().nodename, Path("/etc/machine-id").read_text().strip()
+    first = sandbox_factory(hostname="host-a")
+    second = sandbox_factory(hostname="host-b.example")
+    plain = sandbox_factory()
+    for box, name in ((first, "host-a"), (second, "host-b.example"), (plain, host_name)):
+        assert box.hostname == name
+        said = box.run(sys.executable, "-c", "import os; print(os.uname().nodename)").stdout
+        assert said.strip() == name  # what fleet names its host by
+        # A service sees it too (systemd set it again from /etc/hostname as it booted), and
+        # journald stamps the machine's entries with its name and id.
+        box.run("systemd-run", "--wait", "-u", "whoami", "--", "/bin/cat", "/etc/machine-id")
+        (entry,) = box.journal("_SYSTEMD_UNIT=whoami.service")
+        assert entry["MESSAGE"] == box.machine_id
+        assert (entry["_HOSTNAME"], entry["_MACHINE_ID"]) == (name, box.machine_id)
+    for box in (first, second):
+        with pytest.raises(CommandFailed):  # read-only, as an installed system's
+            box.run("sh", "-c", "echo 0 > /etc/machine-id")
+    # Named, a machine of its own; unnamed, a boot of this one.
+    assert len({host_id, first.machine_id, second.machine_id}) == 3
+    assert plain.machine_id == host_id
+    assert (os.uname().nodename, Path("/etc/machine-id").read_text().strip()) == (
+        host_name,
+        host_id,
+    )
+    # Booting the same directory again is a reboot of the same machine: same id, new boot.
+    first.stop()
+    again = Sandbox.boot(first.directory, hostname="host-a")
+    try:
+        assert (again.machine_id, again.hostname) == (first.machine_id, "host-a")
+        assert again.boot_id != first.boot_id
+    finally:
+        again.stop()
+    with pytest.raises(sandbox.SandboxError, match="not a host name"):
+        Sandbox.boot(tmp_path / "bad", hostname="a b")
+
+
+def test_kill_pulls_the_plug(sandbox_factory: Boot, tmp_path: Path) -> None:
+    box = sandbox_factory()
+    marker = tmp_path / "stopped"
+    box.write_unit(
+        "plug.service",
+        f"[Service]\nExecStart=/bin/sleep 86406\nExecStopPost=/bin/touch {marker}\n",
+    )
+    box.systemctl("start", "plug.service")
+    ns_fd = os.open(f"/proc/{box.pid}/ns/pid", os.O_RDONLY)
+    try:
+        box.kill()
+        assert processes_in(ns_fd) == []
+    finally:
+        os.close(ns_fd)
+    assert not marker.exists()  # no unit was stopped: the machine just died
+    assert list(Path("/sys/fs/cgroup").glob(f"*/{box.cgroup}")) == []
+
+
 def test_stop_leaves_no_process_cgroup_or_host_change(
     sandbox_factory: Boot, tmp_path: Path
 ) -> None:

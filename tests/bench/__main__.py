@@ -2,9 +2,10 @@
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, backends, hosts,
 affinity, listen, units, connections, recovery, remote-logs, stream, answer, messages, status,
-stats, telegram, telegram-units, web, web-units; default: all, in that order; units,
-connections, recovery, remote-logs, stream, telegram-units and web-units boot a systemd sandbox
-and need root; backends, hosts, affinity, listen and connections start a PostgreSQL cluster of
+stats, telegram, telegram-units, web, web-units, multihost; default: all, in that order;
+units, connections, recovery, remote-logs, stream, telegram-units, web-units and multihost
+boot systemd sandboxes and need root; backends, hosts, affinity, listen, connections and
+multihost start a PostgreSQL cluster of
 their own).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
@@ -31,6 +32,7 @@ from tests.bench import (
     bench_listen,
     bench_ls_json,
     bench_messages,
+    bench_multihost,
     bench_recovery,
     bench_remote_logs,
     bench_stats,
@@ -64,6 +66,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_stats.NAME: bench_stats.main,
     bench_web.NAME: bench_web.main,
     bench_web.UNITS_NAME: bench_web.main_units,
+    bench_multihost.NAME: bench_multihost.main,
 }
 
 
