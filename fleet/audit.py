@@ -212,6 +212,14 @@ ACTIONS: dict[str, Action] = {
         "Handoff offer @FLEET_OFFER@ of fleet task @FLEET_TASK_ID@ was accepted by @FLEET_BY@,"
         " but the handoff was refused: @FLEET_REASON@. The task goes on as it was.",
     ),
+    "kill-requested": Action(
+        "4c2f7e9a1b8d4e63a5f0c7d2e9b14a86",
+        "A person asked another host to stop a fleet task",
+        "@FLEET_BY@ asked host @FLEET_HOST@, which runs fleet task @FLEET_TASK_ID@, to stop its"
+        " attempt (`fleet kill` on another host). That host's fleet-listen, or the runner's next"
+        " renewal in poll-only mode, stops the agent; the task is then blocked as stopped by a"
+        " person.",
+    ),
 }
 # Written by the program that did it, with its own MESSAGE_ID (fleet.events) and fields.
 JOURNALED_ELSEWHERE = ("started", "asked", "answered")
@@ -254,6 +262,7 @@ def describe(row: Row) -> str:
         "handoff-offered": lambda: f" to {d.get('coder')} (offer {d.get('offer')})",
         "handoff-declined": lambda: f": {d.get('reason')}",
         "handoff-failed": lambda: f": {d.get('reason')}",
+        "kill-requested": lambda: f" on {d.get('host')}",
         "merged": lambda: (
             f" from {' '.join(d['from'])}" if "from" in d else f" into {d.get('into')}"
         ),

@@ -1,5 +1,6 @@
 """The command lines of fleet's programs: fleet-claim, fleet-run, fleet-reap, fleet-ask (per
-task) and fleet-telegram (the Telegram bot's unit).
+task), fleet-telegram (the Telegram bot's unit) and fleet-listen (a host's wake-ups from a
+PostgreSQL store).
 
 These click commands are their help, their man pages, and the parser of any invocation the
 fast path in fleet.programs does not recognise; what the programs do is in fleet.programs.
@@ -129,10 +130,31 @@ def telegram() -> None:
     programs.telegram()
 
 
+@click.command("fleet-listen", context_settings=_SETTINGS)
+def listen() -> None:
+    """Hear a PostgreSQL store's notifications for this host and turn them into its local
+    wake-ups: new ready work pokes the dispatcher (fleet-claim.path), an answer to a question
+    of a task running here rings the task's `.question` (the waiting fleet-ask wakes), a kill
+    requested from another host rings its `.kill` (the runner stops the agent).
+
+    fleet-listen.service runs it, one per host, installed by `fleet setup` when the store is
+    PostgreSQL and wakeups is "listen". It keeps one connection, which must be direct: LISTEN
+    works through a PgBouncer in session pooling but not in transaction pooling (set wakeups
+    = "poll" there). It proves the connection every 5 s (it must hear its own notification
+    back within 5 s), reconnects with a backoff after any failure, and after every
+    (re)connection catches up from the tables, since notifications sent meanwhile are lost.
+    fleet-claim.timer stays the safety net.
+    """
+    from fleet import programs
+
+    programs.listen()
+
+
 PROGRAMS: dict[str, click.Command] = {
     "fleet-claim": claim,
     "fleet-run": run_cmd,
     "fleet-reap": reap,
     "fleet-ask": ask,
     "fleet-telegram": telegram,
+    "fleet-listen": listen,
 }

@@ -245,6 +245,7 @@ def combine(
         sources[key] = "flag"
     config = Config(path, values, sources)
     check_dead_after(config)
+    check_host_labels(config)
     try:
         config.check_coder(config.get_str("default_coder"))
     except ConfigError as e:
@@ -276,6 +277,22 @@ def check_dead_after(config: Config) -> None:
             f" {least} s)",
             hint=f"set host_dead_after to at least {least + 1}, or lower lease_seconds",
         )
+
+
+def check_host_labels(config: Config) -> None:
+    """The labels a host advertises are labels as tasks have them (fleet.inputs.label)."""
+    labels = config.values["host_labels"]
+    if not labels:
+        return
+    from fleet import inputs
+    from fleet.errors import InputError
+
+    for text in labels:
+        try:
+            inputs.label(text)
+        except InputError as e:
+            where = config.sources["host_labels"]
+            raise ConfigError(f"host_labels ({where}): {e.message}") from None
 
 
 def split_assignment(text: str) -> tuple[str, str]:

@@ -37,6 +37,7 @@ from fleet.settings import BUILTIN_CODERS, CODER_SETTINGS, SETTINGS, Setting, te
 from fleet.stats import FIELDS as STATS_FIELDS
 from fleet.status import FIELDS as STATUS_FIELDS
 from fleet.store.coord import CLAIM_FIELDS, MESSAGE_FIELDS, OFFER_FIELDS
+from fleet.store.hosts import HOST_FIELDS
 
 PROG = "fleet"
 COMPLETE_VAR = "_FLEET_COMPLETE"
@@ -450,6 +451,65 @@ def agents_and_text() -> list[str]:
     return [macro("SH", "AGENTS AND TEXT"), *_joined([prose(p) for p in paragraphs], ".PP")]
 
 
+def transcripts_across_hosts() -> list[str]:
+    """What fleet ships for reading, on one host, the transcripts of tasks run on another."""
+    from fleet import journal_upload as upload
+
+    paragraphs = [
+        "Each host keeps the transcripts of the tasks it runs in its own journal. To read them"
+        " from any host, fleet relies on systemd's own tools, one way: every host runs"
+        " systemd-journal-upload, which sends its journal to one central"
+        " systemd-journal-remote (Debian package systemd-journal-remote), and `fleet logs`"
+        " on any host whose journal_dir names journal-remote's output directory reads them"
+        " there (journalctl --directory), with the same matches on the task's fields, its"
+        " attempts, -n and --follow. When journal_dir holds nothing of the task, `fleet logs`"
+        " says so and exits with status 3 instead of printing nothing.",
+        "fleet ships two things: reading journal_dir, and `fleet setup --system"
+        f" --journal-upload URL`, which writes {upload.CONF} (URL=) and a drop-in"
+        f" {upload.DROP_IN} that restarts the uploader every {upload.RESTART_SEC} s whenever"
+        " it stops (systemd 252's uploader exits when it cannot connect), then enables and"
+        " starts systemd-journal-upload.service; it goes on from its saved cursor.",
+        "fleet does not install, run or configure systemd-journal-remote, its certificates or"
+        " its retention: on the central host, `systemctl enable --now"
+        " systemd-journal-remote.socket` (port 19532, HTTPS with the keys journal-remote.conf(5)"
+        " names; for plain HTTP override ExecStart= with --listen-http=-3), and journal_dir"
+        ' = "/var/log/journal/remote" on the hosts that read it, whose users must be able to'
+        " read that directory. The uploader sends the whole journal, not fleet's units alone"
+        " (252 has no filter), and 252's journal-remote has no size limit (MaxUse= came in"
+        " 253): remove old files there yourself, for example with a timer.",
+    ]
+    return [
+        macro("SH", "TRANSCRIPTS ACROSS HOSTS"),
+        *_joined([prose(p) for p in paragraphs], ".PP"),
+    ]
+
+
+def store_credentials() -> list[str]:
+    """How the processes of fleet reach a PostgreSQL store's password, and where it never goes."""
+    paragraphs = [
+        "A PostgreSQL store is reached the way psql reaches it: the store URL and libpq's own"
+        " conventions, passed through untouched: ~/.pgpass or PGPASSFILE, a service file"
+        " (postgresql://?service=NAME with PGSERVICEFILE), sslmode and the other PG*"
+        " variables. A password written into the URL works too, but is shown as *** by"
+        " `fleet config`, masked in what an agent prints (agents inherit FLEET_STORE), and"
+        " left out of every error, which names the database by host, port and name.",
+        "Units do not inherit the environment of a shell: `fleet setup` writes the PG*"
+        " variables of the shell it runs in into every unit, except PGPASSWORD, which any user"
+        " could read there (`systemctl show`); run it again after changing them. The"
+        " store_passfile setting names a password file that fleet hands to libpq; in system"
+        " scope every unit that opens the store gets it as the systemd credential"
+        " fleet.store.pgpass (LoadCredential=, or LoadCredentialEncrypted= for a *.cred file"
+        " that `systemd-creds encrypt --name=fleet.store.pgpass` made, which only units can"
+        " open: the person's own commands then use their ~/.pgpass or PGPASSFILE).",
+        "When the database cannot be reached, every command and program says so in one line"
+        " naming the host and port it tried, with a hint, and exits with status 6.",
+    ]
+    return [
+        macro("SH", "THE POSTGRESQL STORE'S PASSWORD"),
+        *_joined([prose(p) for p in paragraphs], ".PP"),
+    ]
+
+
 _JSON_TYPES = {
     "text": "string",
     "int": "integer",
@@ -505,6 +565,9 @@ def json_output(root: click.Context) -> list[str]:
         f" {bold('fleet message --json')} those it sent:",
         *field_list(MESSAGE_FIELDS),
         ".PP",
+        f"{bold('fleet hosts --json')} lists the hosts that share the queue, by name:",
+        *field_list(HOST_FIELDS),
+        ".PP",
         f"{bold('fleet offers --json')} lists handoff offers, oldest first, and"
         f" {bold('fleet handoff --offer --json')} prints the one it made:",
         *field_list(OFFER_FIELDS),
@@ -540,6 +603,8 @@ def fleet_page() -> str:
         environment(),
         files(),
         agents_and_text(),
+        transcripts_across_hosts(),
+        store_credentials(),
         json_output(root),
         see_also([*pages, *((n, "1") for n in PROGRAMS), ("fleet.toml", "5"), *SYSTEMD_PAGES]),
     )

@@ -39,6 +39,11 @@ def is_full(ref: str) -> bool:
     return len(ref) == len(PREFIX) + LENGTH
 
 
+def is_task_id(text: str) -> bool:
+    """Whether `text` is a whole task id (not a prefix), as the store makes them."""
+    return text.startswith(PREFIX) and is_full(text) and _REF.fullmatch(text) is not None
+
+
 # Question ids: `q-` and the same alphabet, so they are as safe in a file name as task ids.
 QUESTION_PREFIX = "q-"
 _QREF = re.compile(rf"{QUESTION_PREFIX}[{ALPHABET}]{{1,{LENGTH}}}")

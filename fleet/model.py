@@ -204,7 +204,7 @@ TASK_FIELDS: tuple[Field, ...] = (
 ATTEMPT_FIELDS: tuple[Field, ...] = (
     Field("task", "text", "task id"),
     Field("n", "int", "attempt number, from 1"),
-    Field("owner", "text", "who claimed it (host and process)"),
+    Field("owner", "text", "the host that claimed it (its name, as `fleet hosts` lists it)"),
     Field("started_at", "text", "UTC ISO 8601 start time"),
     Field("ended_at", "text", "UTC ISO 8601 end time, or null while running"),
     Field("outcome", "text", "how the attempt ended, or null while running"),

@@ -153,6 +153,12 @@ def telegram() -> None:
     poll()
 
 
+def listen() -> None:
+    from fleet.listen import serve
+
+    serve()
+
+
 def _fast(prog: str, argv: Sequence[str]) -> Callable[[], object] | None:
     """The common invocations, or None for anything click should parse."""
     if prog in ("fleet-run", "fleet-reap") and len(argv) == 1 and not argv[0].startswith("-"):
@@ -165,6 +171,8 @@ def _fast(prog: str, argv: Sequence[str]) -> Callable[[], object] | None:
         return deliver
     if prog == "fleet-telegram" and not argv:
         return telegram
+    if prog == "fleet-listen" and not argv:
+        return listen
     return None
 
 
@@ -197,3 +205,7 @@ def ask_main() -> int:
 
 def telegram_main() -> int:
     return main("fleet-telegram")
+
+
+def listen_main() -> int:
+    return main("fleet-listen")

@@ -44,7 +44,7 @@ from fleet.eventlog import EventLog
 from fleet.events import MSG_ENDED, MSG_REFUSED, MSG_STARTED, Context, Sink
 from fleet.host import owner
 from fleet.journal import Journal, under_journald
-from fleet.model import Status, Task
+from fleet.model import QuestionStatus, Status, Task
 from fleet.notify import Notifier
 from fleet.paths import Paths, ensure_dir, program, resolve
 from fleet.proc import child_env
@@ -220,6 +220,10 @@ class Attempt:
         self.limits = limits
         self.tally = Tally()
         self.asking: str | None = None  # "q-…: the question" while the agent waits for a person
+        self.asking_id: str | None = None  # that question's id
+        # wakeups = "poll": no fleet-listen rings this host's sentinels for a person's command
+        # on another host, so each renewal looks the kill requests and answers up itself.
+        self.polls = False
         self.focus: str | None = None  # what the agent said it works on (set_focus)
         self.stopped_by: str | None = None
         self.kill_at: float | None = None
@@ -368,12 +372,31 @@ class Attempt:
         """Re-read which question (if any) the agent waits on, after fleet-ask or `fleet
         answer` rang the task's sentinel."""
         qid = self.store.get(self.task.id).question
+        self.asking_id = qid
         if qid is None:
             self.asking = None
             return
         q = self.store.question(qid)
         text = " ".join(q.text.split())
         self.asking = f"{q.id} ({q.kind}) " + (text if len(text) <= 100 else text[:99] + "…")
+
+    def kill_reason(self) -> str:
+        """What the rung `.kill` stands for: a person's `fleet kill` on another host, which
+        the store keeps (fleet.store.signals), or the file a person touched here."""
+        try:
+            asked = self.store.kill_requested(self.task.id, self.task.attempts)
+        except StoreError:
+            asked = False
+        return "kill-request" if asked else "kill-file"
+
+    def poll_signals(self, directory: Path) -> None:
+        """In poll-only mode, at a renewal: what fleet-listen would have rung. A kill request
+        stops the agent; a settled question is rung for the fleet-ask that waits on it."""
+        if self.store.kill_requested(self.task.id, self.task.attempts):
+            self.stop("kill-request")
+        qid = self.asking_id
+        if qid is not None and self.store.question(qid).status != QuestionStatus.PENDING:
+            questions.ring(directory)
 
     def focus_changed(self) -> None:
         """Re-read the agent's focus, after its set_focus rang the task's sentinel."""
@@ -538,8 +561,10 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
     last_status = ""
     if _received:  # a stop between the agent's start and the wakeup fd's
         run.stop(f"signal {signal.Signals(_received[-1]).name}")
-    if (directory / taskdir.KILL).exists():
-        run.stop("kill-file")
+    # A kill requested from another host before this attempt's directory was prepared (which
+    # clears a stale `.kill`) is in the store.
+    if (directory / taskdir.KILL).exists() or run.kill_reason() == "kill-request":
+        run.stop(run.kill_reason())
     try:
         while not (eof and exited):
             now = time.monotonic()
@@ -577,7 +602,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                 elif what == "inotify":
                     names = {e.name for e in inotify.read(timeout=0)}
                     if taskdir.KILL in names:
-                        run.stop("kill-file")
+                        run.stop(run.kill_reason())
                     if taskdir.FOCUS in names:
                         run.focus_changed()
                         next_status = now
@@ -623,6 +648,9 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                 else:
                     if renewed:
                         held_until = now + run.lease_s
+                        if run.polls:
+                            with contextlib.suppress(StoreError):  # asked again next time
+                                run.poll_signals(directory)
                     else:
                         run.stop("lease-lost")
             if run.kill_at is not None and now >= run.kill_at:
@@ -770,6 +798,8 @@ class Runner:
         names = self.config.values["secret_variables"]
         # API keys from systemd credentials (fleet.credentials): secrets whatever their names.
         from fleet.credentials import load as load_credentials
+        from fleet.store import store_url
+        from fleet.store.pgauth import url_passwords
         from fleet.systemd import current_scope
 
         self.secrets = load_credentials(self.config.values, self.coder_name, current_scope())
@@ -777,6 +807,7 @@ class Runner:
             [
                 *secret_values({**os.environ, **coder_env}, names),
                 *secret_values(self.secrets, self.secrets),
+                *url_passwords(store_url(self.paths)),
             ]
         )
         # By hand (no journal), `fleet logs` reads the events from the task's directory instead.
@@ -944,6 +975,7 @@ class Runner:
                 self.prices,
                 self.paths,
             )
+            run.polls = self.config.get_str("wakeups") == "poll"
             how = f", resuming session {spec.resume}" if spec.resume else ""
             self.store.note(
                 task.id, "started", attempt=task.attempts, coder=self.coder_name, pid=proc.pid

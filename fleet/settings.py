@@ -10,7 +10,6 @@ import math
 import re
 from typing import Any, Literal, NamedTuple
 
-from fleet.affinity import LABEL_EXAMPLE, LABEL_PATTERN
 from fleet.errors import ConfigError
 from fleet.model import ISOLATIONS, MERGE_STRATEGIES, SANDBOXES
 from fleet.unitsyntax import SIZE, SIZE_EXAMPLE
@@ -106,13 +105,11 @@ class Setting(NamedTuple):
 
             for key, price in value.items():
                 entry(key, price, where)
-        # A list's pattern is each item's.
-        for item in value if self.pattern and self.kind == "list" else [value]:
-            if self.pattern and not re.fullmatch(self.pattern, item):
-                raise ConfigError(
-                    f"{where}: {self.name} must look like {self.example or self.pattern},"
-                    f" not {item!r}"
-                )
+        if self.pattern and not re.fullmatch(self.pattern, value):
+            raise ConfigError(
+                f"{where}: {self.name} must look like {self.example or self.pattern},"
+                f" not {shown(self.name, value)!r}"
+            )
         if self.kind == "int":
             if self.minimum is not None and value < self.minimum:
                 raise ConfigError(f"{where}: {self.name} must be at least {self.minimum}")
@@ -205,6 +202,40 @@ SETTINGS: tuple[Setting, ...] = (
         pattern=r"(postgres(ql)?://\S*)?",
         example="postgresql://fleet@db.example/fleet",
     ),
+    Setting(
+        "wakeups",
+        "str",
+        "listen",
+        'How a host with a PostgreSQL store hears of what another host did: "listen", by'
+        " fleet-listen.service, which holds one direct connection with LISTEN (new work starts,"
+        ' answers and kills arrive at once); "poll" where LISTEN cannot work (a PgBouncer in'
+        " transaction pooling): no listener, answers and kills arrive with the runner's next"
+        " lease renewal (every lease_seconds / 3) and new work with fleet-claim.timer (30 s).",
+        choices=("listen", "poll"),
+    ),
+    Setting(
+        "store_passfile",
+        "str",
+        "",
+        "A libpq password file (.pgpass format: HOST:PORT:DATABASE:USER:PASSWORD, mode 0600)"
+        " for the PostgreSQL store, handed to libpq as the connection's passfile. In system"
+        " scope `fleet setup` makes it a systemd credential of every unit that opens the store"
+        " (LoadCredentialEncrypted= for a *.cred made by systemd-creds encrypt), so the file"
+        " may be root's alone. Empty: libpq's own ~/.pgpass or PGPASSFILE.",
+        pattern=r"((/|~/).*)?",
+        example="an absolute path, such as /etc/fleet/pgpass",
+    ),
+    Setting(
+        "journal_dir",
+        "str",
+        "",
+        "A directory of journal files that `fleet logs` reads transcripts from instead of"
+        " this host's journal: the output directory of a central systemd-journal-remote,"
+        " which systemd-journal-upload on every host feeds (`fleet setup --journal-upload"
+        " URL`). Empty: this host's journal only.",
+        pattern=r"(/.*)?",
+        example="an absolute path, such as /var/log/journal/remote",
+    ),
     Setting("max_concurrent", "int", 4, "How many tasks may run at once on this host.", 1, 1024),
     Setting(
         "host_labels",
@@ -214,8 +245,6 @@ SETTINGS: tuple[Setting, ...] = (
         " them), such as gpu or arch=arm64: it claims a task added with `fleet add --needs"
         " LABEL` only if it has every label the task needs (a task added with --host NAME runs"
         " only on the host whose name, `uname -n`, is NAME).",
-        pattern=LABEL_PATTERN,
-        example=LABEL_EXAMPLE,
     ),
     Setting(
         "default_coder",

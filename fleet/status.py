@@ -54,6 +54,13 @@ FIELDS: tuple[Field, ...] = (
     ),
     Field("pause", "object", "the global pause (`fleet pause`), or null: reason, by, since"),
     Field(
+        "hosts",
+        "array",
+        "the hosts sharing the queue (fleet hosts): name, alive (heard from within"
+        " host_dead_after), last_seen, silent_s, running, max_concurrent, labels, boot_id,"
+        " machine_id",
+    ),
+    Field(
         "gates",
         "array",
         "per coder held back: coder, kind (rate-limit or budget), until (null: until lifted),"
@@ -237,17 +244,15 @@ def snapshot(
     paths: Paths, store: Store, config: Config, now: float | None = None, units: bool = True
 ) -> dict[str, Any]:
     """The whole picture (see FIELDS); `units=False` skips asking systemd."""
-    from fleet import budget
+    from fleet import affinity, budget
+    from fleet.config import dead_after
+    from fleet.host import owner
 
     now = time.time() if now is None else now
     default = config.get_str("default_coder")
     counts = store.status_counts()
     gates = store.open_gates()
     by_name = {g["name"]: g for g in gates}
-    from fleet import affinity
-    from fleet.config import dead_after
-    from fleet.host import owner
-
     anywhere = store.ready_by_coder(default)
     here = (owner(), affinity.host_labels(config.values["host_labels"]))
     ready = store.ready_by_coder(default, here)
@@ -294,6 +299,7 @@ def snapshot(
             "handed_off": counts.get("handed-off", 0),
             "elsewhere": sum(anywhere.values()) - ready_total,
         },
+        "hosts": [h.to_json() for h in store.hosts(dead_after(config))],
         "pause": (
             None
             if pause is None
@@ -371,10 +377,9 @@ def _cost(cost: float | None, source: str | None) -> str:
 
 
 def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
+    from fleet.timeutil import span
+
+    return span(seconds)
 
 
 def _short(text: str | None, width: int) -> str:
@@ -405,6 +410,20 @@ def text(snap: Mapping[str, Any]) -> str:
         by = f" by {pause['by']}" if pause["by"] else ""
         why = f": {pause['reason']}" if pause["reason"] else ""
         lines.append(f"PAUSED{by} since {when(pause['since'], now)}{why} (fleet resume)")
+    lines += table(
+        "HOSTS",
+        ["HOST", "STATE", "RUNNING", "LAST SEEN", "LABELS"],
+        [
+            [
+                h["name"],
+                "alive" if h["alive"] else "silent",
+                f"{h['running']}/{h['max_concurrent']}",
+                _age(h["silent_s"]) + " ago",
+                ", ".join(h["labels"]) or "-",
+            ]
+            for h in snap["hosts"]
+        ],
+    )
     lines += table(
         "GATES",
         ["CODER", "HELD", "UNTIL", "WINDOW", "REASON"],

@@ -36,8 +36,12 @@ def ago(text: str | None, now: float | None = None) -> str:
     """A short human age such as `5s`, `3m`, `2h`, `4d` for tables."""
     if not text:
         return "-"
-    delta = max(0.0, (time.time() if now is None else now) - parse(text))
+    return span(max(0.0, (time.time() if now is None else now) - parse(text)))
+
+
+def span(seconds: float) -> str:
+    """`seconds` as `ago` shows an age: `5s`, `3m`, `2h`, `4d`."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if delta >= size:
-            return f"{int(delta // size)}{unit}"
-    return f"{int(delta)}s"
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"

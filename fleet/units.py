@@ -15,6 +15,7 @@ from fleet import __version__, credentials
 from fleet import unitsyntax as syntax
 from fleet.config import Config
 from fleet.paths import Paths, Scope
+from fleet.store import pgauth
 
 STAMP = f"# Installed by fleet {__version__} (fleet setup); re-run `fleet setup` after changes."
 # Every instance logs its whole transcript: far above journald's default 10,000 per 30 s.
@@ -29,6 +30,8 @@ class Install(NamedTuple):
     telegram: bool = False  # fleet-telegram.service too
     web: bool = False  # fleet-web.socket and fleet-web.service too
     path: str | None = None  # PATH of every unit; None: the manager's own
+    listen: bool = False  # fleet-listen.service too (a PostgreSQL store, wakeups = "listen")
+    libpq: tuple[tuple[str, str], ...] = ()  # PG* variables of the units (fleet.store.pgauth)
 
 
 RECORD_FILE = "setup.json"
@@ -39,6 +42,7 @@ class Recorded(NamedTuple):
 
     path: str | None = None
     run_as: str | None = None
+    libpq: tuple[tuple[str, str], ...] = ()
 
 
 def record(paths: Paths, recorded: Recorded) -> None:
@@ -46,7 +50,7 @@ def record(paths: Paths, recorded: Recorded) -> None:
 
     from fleet.fsutil import write_atomic
 
-    text = json.dumps(recorded._asdict(), indent=1) + "\n"
+    text = json.dumps({**recorded._asdict(), "libpq": dict(recorded.libpq)}, indent=1) + "\n"
     write_atomic(paths.home / RECORD_FILE, text.encode())
 
 
@@ -61,9 +65,13 @@ def recorded(paths: Paths) -> Recorded:
     if not isinstance(values, dict):
         return Recorded()
     path, run_as = values.get("path"), values.get("run_as")
+    libpq = values.get("libpq")
     return Recorded(
         path if isinstance(path, str) and path else None,
         run_as if isinstance(run_as, str) and run_as else None,
+        tuple((k, v) for k, v in libpq.items() if isinstance(v, str))
+        if isinstance(libpq, dict)
+        else (),
     )
 
 
@@ -90,9 +98,17 @@ def unit_dir(scope: Scope, env: dict[str, str] | None = None) -> Path:
     return root.expanduser() / "systemd" / "user"
 
 
-def _environment(inst: Install) -> str:
+def _environment(inst: Install, config: Config) -> str:
+    """The environment of a unit that opens the store: FLEET_HOME, the scope, the recorded
+    PATH and libpq variables, and in system scope the store's password file as a credential
+    (fleet.store.pgauth), which follows on a line of its own."""
     search = {"PATH": inst.path} if inst.path else {}
-    return syntax.environment(FLEET_HOME=str(inst.paths.home), FLEET_SCOPE=inst.scope, **search)
+    line = syntax.environment(
+        FLEET_HOME=str(inst.paths.home), FLEET_SCOPE=inst.scope, **search, **dict(inst.libpq)
+    )
+    if inst.scope != "system":
+        return line
+    return "\n".join([line, *pgauth.unit_lines(config.values)])
 
 
 def _program(inst: Install, name: str) -> str:
@@ -127,7 +143,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "[Service]",
             "Type=notify",
             "NotifyAccess=main",
-            _environment(inst),
+            _environment(inst, config),
             *user,
             *(credentials.unit_lines(config.values) if inst.scope == "system" else []),
             f"ExecStart={_program(inst, 'fleet-run')} %i",
@@ -162,7 +178,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "",
             "[Service]",
             "Type=oneshot",
-            _environment(inst),
+            _environment(inst, config),
             *user,
             f"ExecStart={_program(inst, 'fleet')} schedule fire %i",
         ],
@@ -184,7 +200,7 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             "",
             "[Service]",
             "Type=oneshot",
-            _environment(inst),
+            _environment(inst, config),
             # Root even with --run-as: only root starts system units without asking polkit.
             # It uses the state directory as its owner (fleet.runas).
             f"ExecStart={_program(inst, 'fleet-claim')} --quiet",
@@ -218,6 +234,8 @@ def render(inst: Install, config: Config) -> dict[str, str]:
             f"WantedBy={target}",
         ],
     }
+    if inst.listen:
+        units[LISTEN] = _listen(inst, config, user, target)
     if inst.telegram:
         units[TELEGRAM] = _telegram(inst, config, user, target)
     if inst.web:
@@ -226,6 +244,47 @@ def render(inst: Install, config: Config) -> dict[str, str]:
 
 
 TELEGRAM = "fleet-telegram.service"
+LISTEN = "fleet-listen.service"
+LISTEN_WATCHDOG_S = 30  # fleet-listen pings from its loop, which wakes every 5 s at most
+
+
+def wants_listener(paths: Paths, config: Config) -> bool:
+    """Whether this host runs fleet-listen.service: its store is PostgreSQL and its wake-ups
+    are not poll-only."""
+    from fleet.store import POSTGRES_SCHEMES, store_url
+
+    listening = config.get_str("wakeups") == "listen"
+    return listening and store_url(paths).startswith(POSTGRES_SCHEMES)
+
+
+def _listen(inst: Install, config: Config, user: list[str], target: str) -> list[str]:
+    """fleet-listen.service: one per host, always restarted; its watchdog catches a listener
+    stuck anywhere (its own checks catch a connection that stopped delivering)."""
+    system = inst.scope == "system"
+    network = ["After=network-online.target", "Wants=network-online.target"] if system else []
+    return [
+        "[Unit]",
+        "Description=fleet wake-ups from the shared PostgreSQL store (LISTEN)",
+        "Documentation=man:fleet-listen(1)",
+        *network,
+        "StartLimitIntervalSec=0",
+        "",
+        "[Service]",
+        "Type=notify",
+        "NotifyAccess=main",
+        _environment(inst, config),
+        *user,
+        f"ExecStart={_program(inst, 'fleet-listen')}",
+        f"WatchdogSec={LISTEN_WATCHDOG_S}",
+        "Restart=always",
+        "RestartSec=2s",
+        "TimeoutStopSec=10",
+        "",
+        "[Install]",
+        f"WantedBy={target}",
+    ]
+
+
 SCHEDULE_SERVICE = "fleet-schedule@.service"
 
 
@@ -271,7 +330,7 @@ def _telegram(inst: Install, config: Config, user: list[str], target: str) -> li
         "[Service]",
         "Type=notify",
         "NotifyAccess=main",
-        _environment(inst),
+        _environment(inst, config),
         *user,
         *credential,
         f"ExecStart={_program(inst, 'fleet-telegram')}",
@@ -327,7 +386,7 @@ def _web(inst: Install, config: Config, user: list[str]) -> dict[str, list[str]]
             "[Service]",
             "Type=notify",
             "NotifyAccess=main",
-            _environment(inst),
+            _environment(inst, config),
             *user,
             f"ExecStart={_program(inst, 'fleet')} web",
             "Restart=on-failure",
@@ -400,6 +459,6 @@ def reference() -> dict[str, str]:
     from fleet.config import defaults
 
     paths = Paths("system", Path("/var/lib/fleet"), Path("/etc/fleet/config.toml"))
-    install = Install("system", paths, Path("/usr/bin"), telegram=True, web=True)
+    install = Install("system", paths, Path("/usr/bin"), telegram=True, web=True, listen=True)
     units = render(install, defaults(paths.config_file))
     return {**units, CATALOG_FILE: catalog()}

@@ -85,8 +85,23 @@ class Cluster:
             self._run(str(self._bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql://{SUPERUSER}@/{database}?host={self.dir}"
+    def url(self, database: str = "postgres", user: str = SUPERUSER) -> str:
+        return f"postgresql://{user}@/{database}?host={self.dir}"
+
+    def password_role(self, name: str, password: str) -> str:
+        """A role that logs in with a password only (SCRAM, as a production server would
+        ask), and the URL of a new, empty database it owns: the URL names no password."""
+        self.sql(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+        # pg_hba.conf's first matching line wins: this role's goes before initdb's `trust`.
+        hba = self.data / "pg_hba.conf"
+        owner = hba.stat()
+        hba.write_text(f"local all {name} scram-sha-256\n" + hba.read_text())
+        os.chown(hba, owner.st_uid, owner.st_gid)
+        self.sql("SELECT pg_reload_conf()")
+        self._n += 1
+        database = f"fleet_{os.getpid()}_{self._n}"
+        self.sql(f"CREATE DATABASE {database} OWNER {name}")
+        return self.url(database, name)
 
     def sql(self, statement: str, database: str = "postgres") -> None:
         import psycopg

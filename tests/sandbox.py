@@ -243,6 +243,7 @@ class Sandbox:
         journald_conf: Sequence[str] = ("RateLimitBurst=0",),
         tmpfs: Sequence[str] = ("/usr/local/lib",),
         state: Path | None = None,
+        hostname: str | None = None,
         timeout: float = 30,
     ) -> Sandbox:
         """Boots systemd with DIR/units as /etc/systemd/system and waits until it is up.
@@ -254,7 +255,9 @@ class Sandbox:
         /var/lib/systemd instead of a tmpfs, so that a second boot with the same directory and
         state sees the timer stamps of the first (a reboot). Accepts the states "running" and
         "degraded" (a unit enabled in DIR/units failed; see boot_state); anything else is a
-        SandboxError.
+        SandboxError. `hostname` is the sandbox's own node name (its UTS namespace, and its
+        /etc/hostname), for tests where sandboxes stand for distinct hosts; by default it keeps
+        the host's.
         """
         started = time.monotonic()
         if os.geteuid() != 0:
@@ -278,6 +281,10 @@ class Sandbox:
         # A new id for every boot, in the kernel's format (sandbox_boot.sh mounts it).
         boot_id = str(uuid.uuid4())
         _write(directory / "conf" / "boot_id", boot_id + "\n")
+        if hostname is not None:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", hostname):
+                raise SandboxError(f"hostname={hostname!r}: not a host name")
+            _write(directory / "conf" / "hostname", hostname + "\n")
 
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", directory.name)[:40]
         cgroup = f"{CGROUP_BASE}/{tag}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -292,6 +299,7 @@ class Sandbox:
             "SANDBOX_HIERARCHIES": "\n".join(map(str, hierarchies)),
             "SANDBOX_TMPFS": "\n".join(tmpfs),
             "SANDBOX_STATE": str(state or ""),
+            "SANDBOX_HOSTNAME": hostname or "",
         }
         with (directory / "console.log").open("wb") as console:
             unshare = subprocess.Popen(

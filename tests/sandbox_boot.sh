@@ -13,6 +13,7 @@
 # $SANDBOX_HIERARCHIES  newline-separated cgroup hierarchy mount points
 # $SANDBOX_TMPFS        newline-separated extra directories to cover with a tmpfs
 # $SANDBOX_STATE        a directory to bind as /var/lib/systemd (else a tmpfs)
+# $SANDBOX_HOSTNAME     the sandbox's node name (else the host's)
 set -eu
 
 dir=$1
@@ -47,6 +48,15 @@ END
 # Read-only, like the kernel's.
 mount --bind "$dir/conf/boot_id" /proc/sys/kernel/random/boot_id
 mount -o remount,bind,ro /proc/sys/kernel/random/boot_id
+
+# A node name of its own when asked for (the UTS namespace is the sandbox's), also as
+# /etc/hostname, which systemd would otherwise set the host's name from at boot.
+if [ -n "${SANDBOX_HOSTNAME:-}" ]; then
+    echo "$SANDBOX_HOSTNAME" >/proc/sys/kernel/hostname
+    if [ -e /etc/hostname ]; then
+        mount --bind "$dir/conf/hostname" /etc/hostname
+    fi
+fi
 
 # /dev: the host's is a shared devtmpfs, where journald would create /dev/log.
 mount -t tmpfs -o mode=0755,nosuid sandbox-dev /dev

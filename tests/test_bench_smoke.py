@@ -46,6 +46,16 @@ EXPECTED = (
         )
     ),
     r"claim, 8 claimers, postgresql vs sqlite: ratio [\d.]+x",
+    *(
+        rf"{what}, {backend}: median [\d.]+ ms \(no target\)"
+        for backend in ("sqlite", "postgresql")
+        for what in (
+            "heartbeat of a dispatch pass",
+            "lease renewal with its host's last_seen",
+            r"orphaned claims among 60 claims of 3 hosts",
+        )
+    ),
+    r"heartbeat of a dispatch pass, postgresql vs sqlite: ratio [\d.]+x",
     r"ls --json, 2000 tasks, postgresql vs sqlite: ratio [\d.]+x",
     *(
         line
@@ -113,6 +123,7 @@ def test_quick_benchmarks_print_every_figure() -> None:
             "add",
             "claim",
             "backends",
+            "hosts",
             "affinity",
             "answer",
             "messages",

@@ -5,7 +5,9 @@ owner names stand for two hosts; silence is made by putting a host's last_seen i
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +19,9 @@ from fleet.errors import ConfigError, Conflict
 from fleet.model import AttemptEnd, Status, TaskSpec
 from fleet.paths import resolve
 from fleet.store import Store, open_store
-from fleet.store.hosts import HostInfo
+from fleet.store.hosts import HOST_FIELDS, HostInfo
 from fleet.timeutil import parse
-from tests.conftest import store_rows, store_sql
+from tests.conftest import Fleet, store_rows, store_sql
 
 LONG_AGO = "2000-01-01T00:00:00.000Z"
 
@@ -119,6 +121,24 @@ def test_another_hosts_claim_is_recovered_only_once_its_lease_ran_out_and_its_ho
     assert store.orphaned_claims("h2", 300) == []
 
 
+def test_silence_and_leases_are_judged_by_the_store_clock(store: Store, project: Path) -> None:
+    """With a second of silence allowed and a half-second lease, real time decides: the claim
+    is orphaned only once the store's clock is past both."""
+    (t,) = add(store, project)
+    store.heartbeat(info("h1"), 1.0)
+    store.claim(1, "h1", 0.5, "claude", None)
+    (h1,) = store.hosts(1.0)
+    lease = store.get(t).lease_until
+    assert lease and store.orphaned_claims("h2", 1.0) == []
+    deadline = time.monotonic() + 30
+    while not store.orphaned_claims("h2", 1.0):
+        assert time.monotonic() < deadline, "never orphaned"
+        time.sleep(0.05)
+    now = parse(store.now())
+    assert now - parse(h1.last_seen) >= 0.999 and now >= parse(lease) - 0.001
+    assert not store.hosts(1.0)[0].alive
+
+
 def test_a_claim_of_a_host_that_never_heartbeat_goes_by_its_lease_plus_the_silence(
     store: Store, home: Path, project: Path
 ) -> None:
@@ -204,3 +224,163 @@ def test_host_dead_after_must_outlast_a_lease_and_its_renew_period(home: Path) -
 
     assert dead_after(load(paths, flags=("lease_seconds=60", "host_dead_after=81"))) == 81
     assert dead_after(load(paths, flags=("lease_seconds=100",))) == 500  # 0: five leases
+
+
+# -- what the commands show ---------------------------------------------------------------
+
+
+def two_hosts(home: Path, project: Path) -> tuple[str, str]:
+    """h1 runs a task; h2 ran one (lost) and then fell silent."""
+    s = open_store(resolve())
+    try:
+        s.heartbeat(info("h1", cap=2), 300)
+        s.heartbeat(HostInfo("h2", "machine-h2", "boot-h2", (), 8), 300)
+        running, ran = add(s, project, 2)
+        s.claim(1, "h1", 3600, "claude", None)
+        s.claim(1, "h2", 3600, "claude", None)
+        s.recover_lost(ran, "h2", AttemptEnd("lost"), 1, 3, "h2")
+    finally:
+        s.close()
+    silence(home, "h2")
+    return running, ran
+
+
+def test_fleet_hosts_lists_each_host_alive_or_silent_with_its_running_and_cap(
+    backend: str, fleet: Fleet, home: Path, project: Path
+) -> None:
+    two_hosts(home, project)
+    listed = json.loads(fleet.ok("hosts", "--json"))
+    assert [h["name"] for h in listed] == ["h1", "h2"]
+    h1, h2 = listed
+    assert set(h1) == {f.name for f in HOST_FIELDS}
+    assert (h1["alive"], h1["running"], h1["max_concurrent"], h1["labels"]) == (
+        True,
+        1,
+        2,
+        ["gpu"],
+    )
+    assert (h2["alive"], h2["running"], h2["machine_id"]) == (False, 0, "machine-h2")
+    assert h2["silent_s"] > 86400 and h2["last_seen"] == LONG_AGO
+    table = [line for line in fleet.ok("hosts").splitlines() if not line.startswith("-")]
+    heads = ["HOST", "STATE", "LAST", "SEEN", "RUNNING", "LABELS", "BOOT", "MACHINE"]
+    assert table[0].split() == heads
+    assert table[1].split()[:5] == ["h1", "alive", "0s", "ago", "1/2"]
+    assert table[2].split()[:2] == ["h2", "silent"] and "machine-" in table[2]
+    # A host_dead_after a host could be taken for dead by while it still renews: refused.
+    bad = fleet("--set", "host_dead_after=30", "hosts")
+    assert bad.code != 0 and bad.out == ""
+    assert bad.err.count("\n") <= 2 and "more than lease_seconds plus the renew period" in bad.err
+
+
+def test_ls_and_show_name_the_host_of_each_task(
+    backend: str, fleet: Fleet, home: Path, project: Path
+) -> None:
+    running, ran = two_hosts(home, project)
+    rows = {line.split()[0]: line.split() for line in fleet.ok("ls").splitlines()}
+    assert rows["ID"][:5] == ["ID", "STATUS", "P", "CODER", "HOST"]
+    assert rows[running][4] == "h1" and rows[ran][4] == "h2"
+    by_id = {t["id"]: t for t in json.loads(fleet.ok("ls", "--json"))}
+    assert (by_id[running]["host"], by_id[ran]["host"]) == ("h1", "h2")
+    assert by_id[ran]["lost_streak"] == 1
+    shown = fleet.show(ran)
+    assert shown["host"] == "h2" and [a["owner"] for a in shown["attempt_log"]] == ["h2"]
+    text = fleet.ok("show", ran)
+    assert "h2 (silent, seen" in text
+    assert "lost in a row 1" in text
+    head, first = [line for line in text.splitlines() if line.split()[:1] in (["#"], ["1"])][:2]
+    assert head.split()[:3] == ["#", "HOST", "OUTCOME"] and first.split()[:3] == ["1", "h2", "lost"]
+    assert "h1 (alive, seen" in fleet.ok("show", running)
+    # Before its first claim a task has no host.
+    fresh = fleet.add("fresh")
+    assert fleet.show(fresh)["host"] is None
+    assert {line.split()[0]: line.split() for line in fleet.ok("ls").splitlines()}[fresh][4] == "-"
+
+
+def test_status_has_a_section_per_host(
+    backend: str, fleet: Fleet, home: Path, project: Path
+) -> None:
+    two_hosts(home, project)
+    snap = json.loads(fleet.ok("status", "--json"))
+    assert [(h["name"], h["alive"], h["running"]) for h in snap["hosts"]] == [
+        ("h1", True, 1),
+        ("h2", False, 0),
+    ]
+    lines = fleet.ok("status").splitlines()
+    at = lines.index("HOSTS")
+    assert lines[at + 1].split() == ["HOST", "STATE", "RUNNING", "LAST", "SEEN", "LABELS"]
+    assert lines[at + 2].split()[:3] == ["h1", "alive", "1/2"]
+    assert lines[at + 3].split()[:3] == ["h2", "silent", "0/8"]
+
+
+def test_a_dispatch_pass_records_its_host_and_refuses_a_name_another_machine_holds(
+    backend: str, fleet: Fleet, home: Path
+) -> None:
+    from fleet import live
+    from fleet.host import owner
+
+    paths = resolve()
+    config = load(paths, flags=('host_labels=["gpu", "big"]', "max_concurrent=3"))
+    s = open_store(paths)
+    try:
+        done = claim.dispatch(paths, s, config, "user")
+        assert done.started == [] and done.recovered == []
+        (me,) = s.hosts(300)
+        assert (me.name, me.machine_id, me.boot_id, me.labels, me.max_concurrent) == (
+            owner(),
+            host.machine_id(),
+            host.boot_id(),
+            ("gpu", "big"),
+            3,
+        )
+        store_sql(home, "UPDATE hosts SET machine_id = 'another-machine'")
+        with pytest.raises(Conflict, match="in use by another machine") as refused:
+            claim.dispatch(paths, s, config, "user")
+        assert refused.value.hint and "unique hostname" in refused.value.hint
+        assert "in use by another machine" in str(live.last_pass(paths))
+    finally:
+        s.close()
+    doctor = fleet("doctor", "--json")
+    (row,) = [r for r in json.loads(doctor.out) if r["check"] == "host"]
+    assert not row["ok"] and "unique hostname" in row["fix"]
+
+
+def test_host_labels_are_labels(home: Path) -> None:
+    with pytest.raises(ConfigError, match=r"host_labels \(flag\): bad label 'two words'"):
+        load(resolve(), flags=('host_labels=["gpu", "two words"]',))
+    assert load(resolve(), flags=('host_labels=["gpu"]',)).values["host_labels"] == ["gpu"]
+
+
+def test_the_migration_gives_each_task_the_host_of_its_last_attempt(
+    backend: str, home: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet.store.schema import MIGRATIONS
+    from tests.conftest import pg_store_at_version, store_at_version
+
+    # The schema just before the hosts came in (found by what it does: versions move on merge).
+    before = next(i for i, step in enumerate(MIGRATIONS) if "CREATE TABLE hosts" in step[0])
+    at = "'2026-11-30T10:00:00.000Z'"
+    inserts = (
+        "INSERT INTO tasks (id, title, cwd, created_at, updated_at, attempts) VALUES"
+        f" ('fl-aaaaaa', 'ran twice', '/', {at}, {at}, 2), ('fl-bbbbbb', 'never ran', '/', {at},"
+        f" {at}, 0)",
+        "INSERT INTO attempts (task, n, owner, started_at, ended_at, outcome) VALUES"
+        f" ('fl-aaaaaa', 1, 'old-host', {at}, {at}, 'lost'),"
+        f" ('fl-aaaaaa', 2, 'new-host', {at}, {at}, 'failure')",
+    )
+    if backend == "postgresql":
+        cluster = request.getfixturevalue("pg_cluster")
+        monkeypatch.setenv("FLEET_STORE", pg_store_at_version(cluster, before, *inserts))
+    else:
+        db = store_at_version(home, before)
+        for sql in inserts:
+            db.execute(sql)
+        db.commit()
+        db.close()
+    s = open_store(resolve())
+    try:
+        ran, never = s.get("fl-aaaaaa"), s.get("fl-bbbbbb")
+        assert (ran.host, never.host) == ("new-host", None)
+        assert ran.lost_streak == never.lost_streak == 0
+        assert s.hosts(300) == []
+    finally:
+        s.close()

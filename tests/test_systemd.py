@@ -429,3 +429,41 @@ def test_raising_max_concurrent_starts_more_at_once(fleet: Fleet) -> None:
         what="fleet ls shows each unit's live status line",
     )
     fleet("kill", *task_ids)
+
+
+def test_a_silent_hosts_expired_claim_runs_again_here_once(fleet: Fleet) -> None:
+    """Another host ("ghost") claimed a task, then fell silent and its lease ran out: the next
+    dispatch pass here records the attempt as lost, says who recovered it, and runs it."""
+    import sqlite3
+
+    from fleet.paths import resolve
+    from fleet.store import open_store
+    from fleet.store.hosts import HostInfo
+
+    fleet("pause", "--reason", "set up the ghost's claim")
+    task_id = fleet.add(f"echo ran >> {fleet.project}/runs")
+    store = open_store(resolve(env={"FLEET_HOME": str(fleet.home)}))
+    try:
+        store.heartbeat(HostInfo("ghost", "ghost-machine", None, (), 4), 60)
+        assert store.claim_task(task_id, "ghost", -1, "command", None)
+    finally:
+        store.close()
+    db = sqlite3.connect(fleet.home / "fleet.db")
+    db.execute("UPDATE hosts SET last_seen = '2000-01-01T00:00:00.000Z' WHERE name = 'ghost'")
+    db.commit()
+    db.close()
+    fleet("resume")
+    assert fleet.wait(task_id) == 0
+    here = fleet.box.run("uname", "-n").stdout.strip()
+    shown = fleet.show(task_id)
+    assert [(a["owner"], a["outcome"]) for a in shown["attempt_log"]] == [
+        ("ghost", "lost"),
+        (here, "success"),
+    ]
+    assert shown["host"] == here and shown["lost_streak"] == 0
+    (recovered,) = [e for e in json.loads(fleet("history", task_id, "--json").stdout)
+                    if e["action"] == "recovered"]  # fmt: skip
+    assert recovered["detail"] == {"attempt": 1, "host": "ghost", "by_host": here}
+    assert (fleet.project / "runs").read_text() == "ran\n"  # once, here
+    hosts = {h["name"]: h for h in json.loads(fleet("hosts", "--json").stdout)}
+    assert hosts[here]["alive"] and not hosts["ghost"]["alive"]

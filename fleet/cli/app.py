@@ -199,6 +199,7 @@ MODULES = {
     "edit": "change",
     "handoff": "lineage",
     "history": "lineage",
+    "hosts": "hosts",
     "kill": "control",
     "logs": "logs",
     "ls": "listing",

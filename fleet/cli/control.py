@@ -18,22 +18,86 @@ from fleet.timeutil import poll_ms
 @cli.command()
 @click.argument("task_ids", metavar="ID...", nargs=-1, required=True, type=TASK)
 @click.option("--no-block", is_flag=True, help="Return at once instead of waiting for the stop.")
+@click.option(
+    "-t",
+    "--timeout",
+    type=SECONDS,
+    help="Fail after SECONDS if a task on another host still runs (default: lease_seconds +"
+    " stop_grace_seconds + 15).",
+)
 @pass_app
-def kill(app: App, task_ids: tuple[str, ...], no_block: bool) -> None:
+def kill(app: App, task_ids: tuple[str, ...], no_block: bool, timeout: float | None) -> None:
     """Stop running tasks: the whole process tree of each agent ends, and the task is blocked
     as stopped by a person.
+
+    A task running on this host is stopped through its unit. One running on another host (a
+    PostgreSQL store) gets a kill request in the store, which that host's fleet-listen hears
+    at once (or its runner at its next lease renewal, with wakeups = "poll"); the request is
+    kept until then. Unless --no-block, it waits until every attempt has ended, and fails
+    (exit status 124) if one still runs after --timeout.
     """
-    kill_tasks(app, task_ids, block=not no_block)
+    kill_tasks(app, task_ids, block=not no_block, timeout=timeout)
 
 
-def kill_tasks(app: App, task_ids: Sequence[str], block: bool = True) -> None:
-    """Stop the units of running tasks (all or none: Conflict if one is not running)."""
+KILL_SLACK_S = 15  # beyond the lease and the grace: the runner's end and its reaping
+
+
+def kill_tasks(
+    app: App, task_ids: Sequence[str], block: bool = True, timeout: float | None = None
+) -> None:
+    """Stop running tasks (all or none: Conflict if one is not running): this host's by their
+    units, other hosts' by a kill request in the store."""
     from fleet import systemd
+    from fleet.host import owner
+    from fleet.store import POSTGRES_SCHEMES, store_url
+    from fleet.store.base import is_merge_claim
 
-    idle = [t for t in task_ids if app.store.get(t).claimed_by is None]
+    tasks = [app.store.get(t) for t in dict.fromkeys(task_ids)]
+    idle = [t.id for t in tasks if t.claimed_by is None]
     if idle:
         raise Conflict(f"not running: {' '.join(idle)}", hint="only running tasks can be killed")
-    systemd.stop(systemd.scope_for(app.paths), list(task_ids), block=block)
+    me = owner()
+    # A SQLite store is one host's: every claim in it is this host's (whatever its name was).
+    shared = store_url(app.paths).startswith(POSTGRES_SCHEMES)
+    elsewhere = [
+        t for t in tasks if shared and t.claimed_by != me and not is_merge_claim(t.claimed_by)
+    ]
+    here = [t.id for t in tasks if t not in elsewhere]
+    if elsewhere:
+        app.store.request_kill([t.id for t in elsewhere])
+    systemd.stop(systemd.scope_for(app.paths), here, block=block)
+    if elsewhere and block:
+        if timeout is None:
+            config = app.config
+            grace = config.get_int("stop_grace_seconds")
+            timeout = config.get_int("lease_seconds") + grace + KILL_SLACK_S
+        _await_ends(app, elsewhere, timeout)
+
+
+def _await_ends(app: App, tasks: Sequence[Task], timeout: float) -> None:
+    """Until each of these attempts (claimed elsewhere) has ended, by the store; TimedOut.
+
+    A change on another host touches no file here for inotify to see, so this looks at the
+    store, a little less often the longer it waits."""
+    deadline = time.monotonic() + timeout
+    left = {t.id: (t.claimed_by, t.attempts) for t in tasks}
+    delay = 0.05
+    while left:
+        for task_id, held in list(left.items()):
+            now = app.store.get(task_id)
+            if (now.claimed_by, now.attempts) != held:
+                del left[task_id]
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            hosts = sorted({str(host) for host, _ in left.values()})
+            raise TimedOut(
+                f"still running after {timeout:g} s: {' '.join(left)} (on {', '.join(hosts)})",
+                hint="the kill request is kept: the host stops it once its fleet-listen or"
+                " runner hears it (is fleet-listen running there?); fleet show ID says more",
+            )
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.5)
 
 
 @cli.command()

@@ -228,8 +228,8 @@ def tree_cmd(app: App, task_id: str | None, as_json: bool) -> None:
 def history(app: App, task_id: str, fmt: str | None) -> None:
     """List a task's audit trail, oldest first: every action on it (added, claimed, started,
     ended, checkpointed, suspended, resumed, spawned, handed-off, merged, asked, answered,
-    closed, blocked, cancelled, retried, edited), when, and who or what did it. It is kept in
-    the store, so it outlives the journal.
+    closed, blocked, cancelled, retried, edited, kill-requested), when, and who or what did it.
+    It is kept in the store, so it outlives the journal.
     """
     entries = app.store.history(task_id)
     out = fmt_of(fmt)

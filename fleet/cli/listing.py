@@ -128,6 +128,7 @@ def _table(app: App, tasks: Iterable[Task]) -> None:
             _state(t, holds),
             t.priority,
             t.coder or "-",
+            t.host or "-",
             ago(t.updated_at),
             tokens(t),
             shorten(t.title, 50),
@@ -135,7 +136,7 @@ def _table(app: App, tasks: Iterable[Task]) -> None:
         )
         for t in tasks
     ]
-    emit_table(("ID", "STATUS", "P", "CODER", "UPDATED", "TOKENS", "TITLE", "NOTE"), rows)
+    emit_table(("ID", "STATUS", "P", "CODER", "HOST", "UPDATED", "TOKENS", "TITLE", "NOTE"), rows)
 
 
 def spent(t: Task) -> str:
@@ -209,6 +210,7 @@ def ls(
 
     A ready task that a gate holds back (the pause, its coder's rate limit or daily budget) is
     shown as held, with why in the NOTE column; a running one has its unit's live status there.
+    HOST is the host running the task, else the one that ran its last attempt.
     So has a ready task that this host may not run (`fleet add --host`, `--needs`, its
     directory missing here) or that no host the queue knows of can run (`runs nowhere`).
     """
@@ -280,6 +282,22 @@ def ready(app: App, limit: int | None, fmt: str | None) -> None:
         _table(app, order)
     else:
         emit_objects(({**t.to_json(), "held": holds.get(t.id)} for t in order), out)
+
+
+def _host_state(app: App, task: Task) -> str:
+    """How the task's host stands, if the queue knows it: ` (alive, seen 4s ago)`."""
+    from fleet.config import dead_after
+    from fleet.errors import FleetError
+    from fleet.timeutil import span
+
+    try:
+        found = [h for h in app.store.hosts(dead_after(app.config)) if h.name == task.host]
+    except FleetError:
+        return ""
+    if not found:
+        return ""
+    h = found[0]
+    return f" ({'alive' if h.alive else 'silent'}, seen {span(h.silent_s)} ago)"
 
 
 def _isolation_rows(task: Task) -> list[tuple[str, object]]:
@@ -361,7 +379,12 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("merged from", opt(", ".join(task.merged_from))),
             ("isolation", task.isolation or "none"),
             *_isolation_rows(task),
-            ("attempts", f"{task.attempts} (failures {task.failures}, no-close {task.noclose})"),
+            (
+                "attempts",
+                f"{task.attempts} (failures {task.failures}, no-close {task.noclose},"
+                f" lost in a row {task.lost_streak})",
+            ),
+            ("host", opt(task.host and f"{task.host}{_host_state(app, task)}")),
             ("tokens", spent(task)),
             ("budget", budget_text(app, task)),
             ("limits", opt(", ".join(f"{k}={v}" for k, v in (task.limits or {}).items()))),
@@ -381,6 +404,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
         emit_table(
             (
                 "#",
+                "HOST",
                 "OUTCOME",
                 "EXIT",
                 "STARTED",
@@ -393,6 +417,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             [
                 (
                     a.n,
+                    a.owner,
                     a.outcome or "running",
                     opt(a.exit_status),
                     a.started_at,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import click
 
 from fleet.cli.app import TASK, App, cli, count, pass_app
-from fleet.errors import FleetError, InputError
+from fleet.errors import ConfigError, FleetError, InputError, NotFound
 
 if TYPE_CHECKING:
     from fleet.paths import Scope
@@ -151,10 +151,15 @@ def journal_argv(
     lines: int | None,
     follow: bool,
     cursor: str | None,
+    directory: str = "",
 ) -> list[str]:
-    """journalctl's arguments for the task's entries (in `scope`'s journal)."""
+    """journalctl's arguments for the task's entries: in `directory`'s journal files (the
+    journal_dir setting: what a central systemd-journal-remote received) if there is one, else
+    in `scope`'s journal on this host."""
     argv = ["journalctl", "--no-pager", "--all", "-o", "json"]
-    if scope == "user" and os.getuid() != 0:
+    if directory:
+        argv.append(f"--directory={directory}")
+    elif scope == "user" and os.getuid() != 0:
         argv.append("--user")
     if cursor is not None:
         argv.append(f"--after-cursor={cursor}")
@@ -219,7 +224,10 @@ def logs(
 
     saved = Cursors.load(cursor_file)
     directory = taskdir.task_dir(app.paths, task_id)
-    argv = journal_argv(app.paths.scope, task_id, attempt, lines, follow, saved.journal)
+    remote = app.config.get_str("journal_dir")
+    if remote:
+        _check_journal_dir(remote)
+    argv = journal_argv(app.paths.scope, task_id, attempt, lines, follow, saved.journal, remote)
     printer = Printer(as_json, cursor_file, saved)
     if follow:
         _follow(argv, directory, saved.file, attempt, lines, printer)
@@ -235,8 +243,66 @@ def logs(
     both = heapq.merge(
         itertools.chain([first] if first else [], journal), by_hand, key=lambda r: r["time"]
     )
+    printed = 0
     for rec in collections.deque(both, maxlen=lines) if lines is not None and by_hand else both:
         printer(rec, "file" if str(rec.get("cursor")).startswith(eventlog.CURSOR) else "journal")
+        printed += 1
+    if not printed and lines != 0 and cursor_file is None:
+        _nothing(app, task_id, attempt, remote)
+
+
+def _nothing(app: App, task_id: str, attempt: int | None, remote: str) -> None:
+    """Nothing to print: an error when the transcript is elsewhere, not an empty one.
+
+    Silence would read as "the task printed nothing", when most often the task ran on another
+    host, whose journal this one cannot read, or that host has not uploaded it (yet)."""
+    from fleet import host
+
+    which = f"attempt {attempt} of task {task_id}" if attempt else f"task {task_id}"
+    try:
+        ran_on = app.store.get(task_id).host
+    except FleetError:
+        ran_on = None  # what the store cannot say changes only the message
+    if remote:
+        raise NotFound(
+            f"journal_dir {remote} holds no entries of {which}"
+            + (f", which ran on {ran_on}" if ran_on else ""),
+            hint="the host that ran it uploads its journal with systemd-journal-upload"
+            " (fleet setup --journal-upload URL); `systemctl status systemd-journal-upload`"
+            " there says whether it runs",
+        )
+    if ran_on and ran_on != host.owner():
+        raise NotFound(
+            f"this host's journal holds no entries of {which}: it ran on {ran_on}",
+            hint=f"run fleet logs on {ran_on}, or set journal_dir to the directory where a"
+            " central systemd-journal-remote keeps every host's journal (TRANSCRIPTS ACROSS"
+            " HOSTS in fleet(1))",
+        )
+
+
+def _check_journal_dir(remote: str) -> None:
+    """journal_dir is a directory this user may read (journalctl alone would say only that
+    it found no journal files)."""
+    if not os.path.isdir(remote):
+        raise ConfigError(
+            f"journal_dir {remote} is not a directory",
+            hint="set it to where systemd-journal-remote writes (its --output), or unset it:"
+            " fleet config unset journal_dir",
+        )
+    if not os.access(remote, os.R_OK | os.X_OK):
+        raise ConfigError(
+            f"journal_dir {remote} cannot be read by this user",
+            hint="journal-remote's files belong to systemd-journal-remote: join its group"
+            " (or systemd-journal), or run fleet logs as root",
+        )
+    # journalctl --follow on a directory without journal files exits at once, as if the
+    # transcript had ended: say what is missing instead.
+    if not any(Path(remote).glob("*.journal*")):
+        raise NotFound(
+            f"journal_dir {remote} holds no journal files: no host has uploaded to it yet",
+            hint="fleet setup --system --journal-upload URL on each host, URL naming the"
+            " systemd-journal-remote that writes there",
+        )
 
 
 def _follow(

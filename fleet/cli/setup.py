@@ -18,6 +18,7 @@ from fleet.paths import Scope
 
 if TYPE_CHECKING:
     from fleet.config import Config
+    from fleet.store import Store
     from fleet.units import Install
 
 scope_options = (
@@ -65,6 +66,13 @@ def _bindir() -> Path:
     help="Also install fleet-web.socket and fleet-web.service, the dashboard, started on the"
     " first request to web_listen; kept by later runs without it.",
 )
+@click.option(
+    "--journal-upload",
+    metavar="URL",
+    help="With --system: have systemd-journal-upload send this host's journal (transcripts"
+    " included) to the systemd-journal-remote at URL, restarted whenever it stops; kept by"
+    " later runs without it. Read there with journal_dir.",
+)
 @click.option("-n", "--dry-run", is_flag=True, help="Print the units instead of installing them.")
 @click.option("--uninstall", is_flag=True, help="Stop, disable and remove fleet's units.")
 @pass_app
@@ -74,6 +82,7 @@ def setup(
     run_as: str | None,
     telegram: bool,
     web: bool,
+    journal_upload: str | None,
     dry_run: bool,
     uninstall: bool,
 ) -> None:
@@ -85,10 +94,18 @@ def setup(
     also fleet-web.socket and fleet-web.service). Running it again updates them; it is always
     safe.
 
+    With a PostgreSQL store and wakeups = "listen" (the default) it also installs and starts
+    fleet-listen.service, this host's one connection that hears what other hosts did (new
+    work, answers, kills); with wakeups = "poll", or a SQLite store, it removes it.
+
     The units run with the PATH of the shell that runs fleet setup (its relative entries
     left out), because a manager gives its units only a short default PATH of its own, which
     misses coders installed in ~/.local/bin or by a node version manager: run it again from a
-    shell whose PATH finds the coders after installing or moving one.
+    shell whose PATH finds the coders after installing or moving one. They get the libpq
+    variables of that shell too (PGPASSFILE, PGSERVICEFILE, PGSSLMODE and every other PG*
+    but PGPASSWORD, which a unit would show to every user), so that the units reach a
+    PostgreSQL store as the shell does; in system scope the store_passfile setting becomes a
+    systemd credential of every unit that opens the store.
 
     With --run-as USER the agents (fleet-task@.service, and the bot and the dashboard) run as
     USER, and the state directory (and /etc/fleet, when the configuration is there) is handed
@@ -98,6 +115,12 @@ def setup(
     with USER's file-system identity, so they never leave a file USER cannot open. --run-as,
     like --telegram, is kept by later runs without it.
 
+    With --journal-upload URL (system scope) this host's systemd-journal-upload.service is
+    configured (/etc/systemd/journal-upload.conf.d/fleet.conf), enabled and restarted, so the
+    transcripts of the tasks run here reach the central systemd-journal-remote at URL, which
+    `fleet logs` reads on any host whose journal_dir is its output directory. fleet does not
+    set up journal-remote itself: see TRANSCRIPTS ACROSS HOSTS in fleet(1).
+
     Nothing is installed when the manager cannot be reached (a user manager runs only while
     the user is logged in, or lingers): the error says how to start one, or to use --system.
 
@@ -106,10 +129,28 @@ def setup(
     newline or another control character) is refused, and so are a memory limit systemd would
     read differently and a --run-as that names no account here.
     """
+    from fleet import journal_upload as upload
     from fleet import unitsyntax
-    from fleet.units import TELEGRAM, WEB_SOCKET, Install, recorded, render, search_path, unit_dir
+    from fleet.store.pgauth import libpq_environment
+    from fleet.units import (
+        TELEGRAM,
+        WEB_SOCKET,
+        Install,
+        recorded,
+        render,
+        search_path,
+        unit_dir,
+        wants_listener,
+    )
 
     chosen = _scope(app, scope)
+    if journal_upload is not None:
+        upload.check(journal_upload)
+        if chosen != "system":
+            raise InputError(
+                "--journal-upload needs --system: systemd-journal-upload is a system service",
+                hint=f"fleet setup --system --journal-upload {journal_upload}",
+            )
     if run_as is None and chosen == "system":
         run_as = recorded(app.paths).run_as  # kept, as --telegram is: never root by surprise
     elif run_as is not None:
@@ -126,15 +167,33 @@ def setup(
     web = web or uninstall or (target / WEB_SOCKET).exists()
     if web and not uninstall:
         _check_web(app.config)
-    inst = Install(chosen, app.paths, _bindir(), run_as, telegram, web, search_path())
+    listen = wants_listener(app.paths, app.config) and not uninstall
+    inst = Install(
+        chosen,
+        app.paths,
+        _bindir(),
+        run_as,
+        telegram,
+        web,
+        search_path(),
+        listen,
+        tuple(libpq_environment().items()),
+    )
     units = render(inst, app.config)
     if dry_run:
         for name, text in units.items():
             click.echo(f"# {target / name}\n{text}")
+        for path, text in upload.files(journal_upload).items() if journal_upload else ():
+            click.echo(f"# {path}\n{text}")
     elif uninstall:
         _uninstall(chosen, target, units)
+        if chosen == "system":
+            upload.remove()
     else:
         _install(app, inst, target, units)
+        if journal_upload is not None:
+            upload.install(journal_upload)
+            click.echo(f"{upload.SERVICE} sends this host's journal to {journal_upload}")
 
 
 def _check_telegram(config: Config) -> None:
@@ -167,16 +226,24 @@ def _check_web(config: Config) -> None:
 
 def _uninstall(scope: Scope, target: Path, units: dict[str, str]) -> None:
     from fleet import systemd
-    from fleet.units import CATALOG_DIR, CATALOG_FILE, ENABLED, TELEGRAM, WEB_SERVICE, WEB_SOCKET
+    from fleet.units import (
+        CATALOG_DIR,
+        CATALOG_FILE,
+        ENABLED,
+        LISTEN,
+        TELEGRAM,
+        WEB_SERVICE,
+        WEB_SOCKET,
+    )
 
     systemd.manager_environment(scope)  # reachable, before anything is removed
     # The schedules' timers too (fleet schedule add wrote them): their service goes now.
     timers = sorted(p.name for p in target.glob("fleet-schedule@?*.timer"))
     systemd.systemctl(
-        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, *timers,
+        scope, "disable", "--now", *ENABLED, TELEGRAM, WEB_SOCKET, WEB_SERVICE, LISTEN, *timers,
         check=False,
     )  # fmt: skip
-    for name in [*units, *timers]:
+    for name in [*units, LISTEN, *timers]:
         (target / name).unlink(missing_ok=True)
     if scope == "system":
         (CATALOG_DIR / CATALOG_FILE).unlink(missing_ok=True)
@@ -193,6 +260,7 @@ def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> No
         CATALOG_DIR,
         CATALOG_FILE,
         ENABLED,
+        LISTEN,
         TELEGRAM,
         WEB_SERVICE,
         WEB_SOCKET,
@@ -208,7 +276,7 @@ def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> No
     ensure_dir(wake_dir(app.paths))  # fleet-claim.path watches it
     write_atomic(app.paths.home / systemd.SCOPE_FILE, f"{scope}\n".encode())
     run_as = inst.run_as if scope == "system" else None
-    record(app.paths, Recorded(inst.path, run_as))
+    record(app.paths, Recorded(inst.path, run_as, inst.libpq))
     if run_as:
         # After all this run writes there (the configuration's cache too), and before any
         # unit starts: what the dispatcher creates from now on is theirs too (fleet.runas).
@@ -226,11 +294,21 @@ def _install(app: App, inst: Install, target: Path, units: dict[str, str]) -> No
     systemd.systemctl(scope, "daemon-reload")
     systemd.systemctl(scope, "enable", "--now", *ENABLED)
     started = ""
+    if LISTEN in units:
+        # A running listener reads its store and settings only when it starts.
+        systemd.systemctl(scope, "enable", LISTEN)
+        systemd.systemctl(scope, "restart", LISTEN)
+        started = f"; {LISTEN} started"
+    elif (target / LISTEN).exists():
+        # SQLite again, or wakeups = "poll": no listener (the timer drives dispatch).
+        systemd.systemctl(scope, "disable", "--now", LISTEN, check=False)
+        (target / LISTEN).unlink(missing_ok=True)
+        systemd.systemctl(scope, "daemon-reload")
     if TELEGRAM in units:
         # A running bot picks up the new unit (and a changed credential) only on a restart.
         systemd.systemctl(scope, "enable", TELEGRAM)
         systemd.systemctl(scope, "restart", TELEGRAM)
-        started = f"; {TELEGRAM} started"
+        started += f"; {TELEGRAM} started"
     if WEB_SOCKET in units:
         # Listening anew on web_listen; a running dashboard stops with it (it Requires= the
         # socket) and the next request starts the new one.
@@ -250,8 +328,18 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
     safely is (worktrees left behind)."""
     from fleet import systemd
     from fleet.config import load
-    from fleet.store import open_store
-    from fleet.units import ENABLED, TELEGRAM, WEB_SOCKET, Install, recorded, render, unit_dir
+    from fleet.settings import shown
+    from fleet.store import open_store, store_url
+    from fleet.units import (
+        ENABLED,
+        TELEGRAM,
+        WEB_SOCKET,
+        Install,
+        recorded,
+        render,
+        unit_dir,
+        wants_listener,
+    )
 
     results: list[tuple[bool, str, str, str]] = []
     flag = " --user" if scope == "user" else ""
@@ -281,8 +369,14 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
         return results
     try:
         store = open_store(app.paths)
-        store.close()
-        results.append((True, "store", str(app.paths.db), ""))
+        try:
+            url = store_url(app.paths)
+            # A PostgreSQL store by its URL, its password masked (fleet.settings.shown).
+            shown_as = shown("store", url) if url else str(app.paths.db)
+            results.append((True, "store", shown_as, ""))
+            results.append(host_check(store, config))
+        finally:
+            store.close()
     except FleetError as e:
         results.append((False, "store", e.message, e.hint or ""))
     try:
@@ -292,7 +386,10 @@ def checks(app: App, scope: Scope, repair: bool = False) -> list[tuple[bool, str
         web = (target / WEB_SOCKET).exists()
         chosen = recorded(app.paths)
         run_as = chosen.run_as if scope == "system" else None
-        inst = Install(scope, app.paths, bindir, run_as, telegram, web, chosen.path)
+        listen = wants_listener(app.paths, config)
+        inst = Install(
+            scope, app.paths, bindir, run_as, telegram, web, chosen.path, listen, chosen.libpq
+        )
         for name, text in render(inst, config).items():
             path = target / name
             current = path.read_text() if path.exists() else None
@@ -352,6 +449,31 @@ def notify_checks(app: App, config: Config, scope: Scope) -> list[tuple[bool, st
         )
     )
     return rows
+
+
+def host_check(store: Store, config: Config) -> tuple[bool, str, str, str]:
+    """This host's row among those sharing the queue: a failure if another machine holds
+    its name and is alive (each dispatch pass here is then refused)."""
+    from fleet.config import dead_after
+    from fleet.host import machine_id, owner
+    from fleet.timeutil import span
+
+    me, mine = owner(), machine_id()
+    found = [h for h in store.hosts(dead_after(config)) if h.name == me]
+    if not found:
+        return True, "host", f"{me}: not seen yet (its first dispatch pass records it)", ""
+    h = found[0]
+    seen = f"seen {span(h.silent_s)} ago"
+    if h.alive and h.machine_id and mine and h.machine_id != mine:
+        return (
+            False,
+            "host",
+            f"{me} is in use by another machine (machine id {h.machine_id}, {seen});"
+            f" this one is {mine}",
+            "give each host a unique hostname (hostnamectl set-hostname NAME)",
+        )
+    state = "alive" if h.alive else "silent"
+    return True, "host", f"{me}: {state}, {seen}, running {h.running}/{h.max_concurrent}", ""
 
 
 def worktree_checks(app: App, config: Config, fix: bool) -> list[tuple[bool, str, str, str]]:

@@ -20,28 +20,34 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 def store_url(paths: Paths) -> str:
-    """The `store` setting: FLEET_STORE, else the configuration file's (empty: SQLite).
+    """The `store` setting: FLEET_STORE, else the configuration file's (empty: SQLite)."""
+    return _setting(paths, "store")
+
+
+def _setting(paths: Paths, name: str) -> str:
+    """A setting of the store's: its variable, else the configuration file's.
 
     Most commands read no configuration, and loading it (fleet.config, fleet.settings) costs a
     listing a tenth of its time: the file is only loaded, and checked, when one of its lines
-    sets `store`."""
-    if "FLEET_STORE" in os.environ:
-        return os.environ["FLEET_STORE"].strip()
+    sets `name`."""
+    variable = "FLEET_" + name.upper()
+    if variable in os.environ:
+        return os.environ[variable].strip()
     try:
         text = paths.config_file.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""  # no file (a file fleet cannot read is reported by whatever loads it)
-    if not any(_sets_store(line) for line in text.splitlines()):
+    if not any(_sets(line, name) for line in text.splitlines()):
         return ""
     from fleet.config import load_or_last_good
 
-    return load_or_last_good(paths).get_str("store").strip()
+    return load_or_last_good(paths).get_str(name).strip()
 
 
-def _sets_store(line: str) -> bool:
-    """Whether a line of TOML may set the `store` key (a comment does not)."""
+def _sets(line: str, name: str) -> bool:
+    """Whether a line of TOML may set the key `name` (a comment does not)."""
     key, eq, _ = line.partition("=")
-    return bool(eq) and key.strip().strip("\"'") == "store"
+    return bool(eq) and key.strip().strip("\"'") == name
 
 
 def open_store(paths: Paths, actor: Actor | None = None, url: str | None = None) -> Store:
@@ -52,9 +58,21 @@ def open_store(paths: Paths, actor: Actor | None = None, url: str | None = None)
     actor = actor or Actor(who(), "fleet")
     url = store_url(paths) if url is None else url
     if url.startswith(POSTGRES_SCHEMES):
+        from fleet.store import pgauth
         from fleet.store.pgstore import PGStore
 
-        return PGStore.connect(url, paths, actor)
+        passfile = pgauth.passfile(os.path.expanduser(_setting(paths, "store_passfile")))
+        return PGStore.connect(pgauth.with_passfile(url, passfile), paths, actor)
+    if url:
+        # Not SQLite by surprise: a host that took this for SQLite would run a queue of its own.
+        from fleet.errors import StoreError
+        from fleet.settings import shown
+
+        raise StoreError(
+            f"the store setting {shown('store', url)!r} is neither empty nor a PostgreSQL URL",
+            hint="postgresql://USER@HOST:PORT/DATABASE, or empty for SQLite in the state"
+            " directory (FLEET_STORE, or store in the configuration file)",
+        )
     from fleet.store.litestore import SQLiteStore
 
     return SQLiteStore.open(paths, actor)

@@ -80,6 +80,7 @@ from fleet.model import (
 from fleet.schedules import Schedule, ScheduleRun
 from fleet.store.coord import Coordinating
 from fleet.store.hosts import Hosting
+from fleet.store.signals import Signalling
 
 Count = Literal["failure", "noclose"]
 
@@ -149,7 +150,7 @@ class Lease(NamedTuple):
     value: str | None
 
 
-class Store(Coordinating, Hosting, Protocol):
+class Store(Coordinating, Hosting, Signalling, Protocol):
     actor: Actor  # whom the audit trail names for this connection's changes
 
     def close(self) -> None: ...

@@ -14,6 +14,13 @@ Invariants:
   stays fenced by owner and attempt (fleet.store.sql), so two hosts that recover it at once
   release it once.
 
+Why both conditions: a renewal refreshes its host's last_seen in its own transaction, so a
+runner's last renewal is never later than its host's last_seen, and its lease ends at most
+lease_seconds after that; a runner that cannot renew stops its agent when its lease ends
+(fleet.run). With host_dead_after longer than a lease plus the renew period (fleet.config), a
+host silent that long has no agent left running on any claim whose lease ran out: the task
+runs again elsewhere, never twice at once.
+
 The interface is `Hosting` (part of `fleet.store.base.Store`); `SQLHosts` is its implementation,
 mixed into the SQL store of either backend.
 """

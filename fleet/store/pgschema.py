@@ -14,6 +14,8 @@ here, under the same number, in the same commit (tests/test_store.py compares th
 
 from __future__ import annotations
 
+from fleet.store import pgnotify
+
 T = 'TEXT COLLATE "C"'
 
 # SQLite's schema version 8, in one step.
@@ -332,7 +334,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "UPDATE tasks SET host = (SELECT a.owner FROM attempts a WHERE a.task = tasks.id"
         " ORDER BY a.n DESC LIMIT 1)",
     ),
-    # 18: where the task may run (a host, the labels it needs), and the hosts that lack its
+    # 18: kill requests for the host that runs the attempt, and the NOTIFY triggers of the
+    # hosts' listeners (fleet.store.pgnotify).
+    (
+        f"""CREATE TABLE kill_requests (
+            task {T} NOT NULL REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            owner {T} NOT NULL,
+            requested_by {T} NOT NULL,
+            requested_at {T} NOT NULL,
+            PRIMARY KEY (task, attempt)
+        )""",
+        *pgnotify.MIGRATION,
+    ),
+    # 19: where the task may run (a host, the labels it needs), and the hosts that lack its
     # directory (fleet.store.placement).
     (
         f"ALTER TABLE tasks ADD COLUMN pinned_host {T}",

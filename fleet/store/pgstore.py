@@ -102,8 +102,11 @@ def describe(url: str) -> tuple[str, str | None]:
     try:
         info = conninfo_to_dict(url)
     except psycopg.ProgrammingError as e:
+        from fleet.store.pgauth import scrub
+
         raise StoreError(
-            "the store setting is not a valid PostgreSQL connection URL: " + _first_line(str(e)),
+            "the store setting is not a valid PostgreSQL connection URL: "
+            + scrub(_first_line(str(e)), url),
             hint="it looks like postgresql://USER@HOST:PORT/DATABASE",
         ) from None
     host = str(info.get("host") or os.environ.get("PGHOST") or "the local socket")
@@ -147,9 +150,14 @@ class PGStore(SQLStore):
                 **extra,
             )
         except psycopg.Error as e:
+            text = cls._scrub(e, secret)
+            refused = "password" in text and ("authentication failed" in text or "no " in text)
             raise StoreError(
-                f"cannot reach the task store at {where}: {cls._scrub(e, secret)}",
-                hint="check that PostgreSQL runs there and accepts this host, and the store"
+                f"cannot reach the task store at {where}: {text}",
+                hint="check the password libpq finds for it: ~/.pgpass, PGPASSFILE, the"
+                " store_passfile setting or the service file"
+                if refused
+                else "check that PostgreSQL runs there and accepts this host, and the store"
                 " setting (FLEET_STORE)",
             ) from None
         conn.adapters.register_loader("numeric", _Number)

@@ -452,6 +452,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " ORDER BY a.n DESC LIMIT 1)",
     ),
     (
+        # A person's request to stop a running attempt, for the host that runs it
+        # (fleet.signals): kept, so a host whose listener was down still finds it.
+        """CREATE TABLE kill_requests (
+            task TEXT NOT NULL REFERENCES tasks(id),
+            attempt INTEGER NOT NULL,
+            owner TEXT NOT NULL,
+            requested_by TEXT NOT NULL,
+            requested_at TEXT NOT NULL,
+            PRIMARY KEY (task, attempt)
+        ) WITHOUT ROWID""",
+    ),
+    (
         # Where the task may run (fleet.affinity): only on host `pinned_host` (null: any), only
         # on a host advertising every label of `needs` (a JSON array; null: none).
         "ALTER TABLE tasks ADD COLUMN pinned_host TEXT",

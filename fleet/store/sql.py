@@ -67,6 +67,7 @@ from fleet.store.base import (
 from fleet.store.coord import SQLCoordination
 from fleet.store.dialect import Conn, Dialect
 from fleet.store.hosts import SQLHosts
+from fleet.store.signals import SQLSignals
 from fleet.timeutil import iso, now_iso
 
 DONE_ACTION = {
@@ -193,7 +194,7 @@ STAT_DIMENSIONS = {
 }
 
 
-class SQLStore(SQLCoordination, SQLHosts):
+class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
     """The shared semantics; a backend subclass supplies `dialect`, `_write`, `_read`, `close`."""
 
     dialect: ClassVar[Dialect]

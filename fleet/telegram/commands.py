@@ -350,16 +350,13 @@ class Handler:
 
     def _transcript(self, task_id: str) -> list[str]:
         import json
-        import os
 
-        from fleet.cli.logs import entry, line
+        from fleet.cli.logs import entry, journal_argv, line
         from fleet.proc import run
         from fleet.systemd import scope_for
 
-        argv = ["journalctl", "--no-pager", "--all", "-o", "json", f"--lines={TRANSCRIPT}"]
-        if scope_for(self.paths) == "user" and os.getuid() != 0:
-            argv.append("--user")
-        argv.append(f"FLEET_TASK_ID={task_id}")
+        remote = self.config.get_str("journal_dir")  # as fleet logs: a central journal's files
+        argv = journal_argv(scope_for(self.paths), task_id, None, TRANSCRIPT, False, None, remote)
         try:
             out = run(argv, check=False, timeout=10).stdout
         except FleetError:

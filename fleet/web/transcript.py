@@ -59,8 +59,11 @@ def _argv(
 ) -> list[str]:
     from fleet import systemd
     from fleet.cli.logs import journal_argv
+    from fleet.config import load_or_last_good
 
-    return journal_argv(systemd.scope_for(paths), task_id, None, lines, follow, cursor)
+    # As `fleet logs`: a central journal-remote's files when journal_dir names them.
+    remote = load_or_last_good(paths).get_str("journal_dir")
+    return journal_argv(systemd.scope_for(paths), task_id, None, lines, follow, cursor, remote)
 
 
 def backlog(
