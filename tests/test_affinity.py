@@ -358,3 +358,44 @@ def test_ls_and_status_say_what_runs_elsewhere_or_nowhere(
         assert "RUNS NOWHERE" not in fleet.ok("status")
     finally:
         store.close()
+
+
+def _claimer(owner: str, start: mp.synchronize.Event, out: mp.Queue[list[str]]) -> None:
+    store = open_store(resolve())
+    start.wait()
+    got: list[str] = []
+    while claimed := store.claim(3, owner, 60, "claude", None):
+        got.extend(t.id for t in claimed)
+    store.close()
+    out.put(got)
+
+
+def test_concurrent_claimers_pass_over_missing_directories_and_never_double_claim(
+    backend: str, project: Path, tmp_path: Path
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    store = open_store(resolve())
+    # Every fourth task, spread through the queue, works in a directory no claimer has.
+    specs = [TaskSpec(f"t{i}", str(gone if i % 4 == 0 else project)) for i in range(200)]
+    added = store.add(specs)
+    gone.rmdir()
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    out: mp.Queue[list[str]] = ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(f"host-{i}", start, out)) for i in range(4)]
+    for p in procs:
+        p.start()
+    start.set()
+    got = [task_id for _ in procs for task_id in out.get(timeout=120)]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert len(got) == len(set(got)), "a task was claimed twice"
+    assert set(got) == {t.id for i, t in enumerate(added) if i % 4}
+    lacking = [t for i, t in enumerate(added) if i % 4 == 0]
+    try:
+        assert all(store.get(t.id).attempts == 0 for t in lacking)
+        assert all(store.missing_on(t.id) for t in lacking)
+    finally:
+        store.close()
