@@ -215,23 +215,25 @@ CAP = 3
 
 
 def _capped_claimer(
-    owner: str, start: mp.synchronize.Event, rounds: int, out: mp.Queue[tuple[list[str], int]]
+    owner: str, starts: list[mp.synchronize.Event], out: mp.Queue[tuple[list[str], int]]
 ) -> None:
-    """Claim under the cap; hand back some of what was claimed now and then, and note the
-    most claude tasks ever seen running at once."""
+    """Race: at each start, claim under the cap (one round at the first, six at the second,
+    handing back what it got at once but in the last round), and report what it got and the
+    most claude tasks it ever saw running at once."""
     store = open_store(resolve())
     caps = {"claude": CAP}
-    start.wait()
-    got: list[str] = []
-    most = 0
-    for i in range(rounds):
-        for task in store.claim(2, owner, 60, "claude", None, caps=caps):
-            got.append(task.id)
-            if i % 2:
-                store.release(task.id, owner, AttemptEnd("not-started"), attempt=task.attempts)
-        most = max(most, sum(1 for t in store.claims() if t.coder == "claude"))
+    for rounds, start in zip((1, 6), starts, strict=True):
+        start.wait()
+        got: list[str] = []
+        most = 0
+        for i in range(rounds):
+            for task in store.claim(2, owner, 60, "claude", None, caps=caps):
+                got.append(task.id)
+                if i < rounds - 1:  # handed back at once, but in the last round
+                    store.release(task.id, owner, AttemptEnd("not-started"), task.attempts)
+            most = max(most, sum(1 for t in store.claims() if t.coder == "claude"))
+        out.put((got, most))
     store.close()
-    out.put((got, most))
 
 
 def test_a_global_cap_holds_with_eight_claimer_processes(
@@ -240,32 +242,42 @@ def test_a_global_cap_holds_with_eight_claimer_processes(
     store = open_store(resolve())
     store.add([TaskSpec(f"claude {i}", str(project)) for i in range(40)])
     store.add([TaskSpec(f"codex {i}", str(project), coder="codex") for i in range(6)])
-    store.close()
     ctx = mp.get_context("spawn")  # fresh interpreters, as on hosts of their own
-    for rounds in (1, 6):  # all at once on an idle queue, then with claims ending meanwhile
-        start = ctx.Event()
-        out: mp.Queue[tuple[list[str], int]] = ctx.Queue()
-        procs = [
-            ctx.Process(target=_capped_claimer, args=(f"host-{i}", start, rounds, out))
-            for i in range(8)
-        ]
-        for p in procs:
-            p.start()
-        start.set()
+    starts = [ctx.Event(), ctx.Event()]
+    out: mp.Queue[tuple[list[str], int]] = ctx.Queue()
+    procs = [ctx.Process(target=_capped_claimer, args=(f"host-{i}", starts, out)) for i in range(8)]
+    for p in procs:
+        p.start()
+
+    def running() -> dict[str, int]:
+        rows = store_rows(
+            home, "SELECT coder, count(*) FROM tasks WHERE claimed_by IS NOT NULL GROUP BY coder"
+        )
+        return {str(coder): int(n) for coder, n in rows}
+
+    try:
+        # All at once on an idle queue: the cap exactly, and codex, uncapped, all of its tasks.
+        starts[0].set()
         results = [out.get(timeout=120) for _ in procs]
+        assert max(most for _, most in results) <= CAP
+        assert running() == {"claude": CAP, "codex": 6}
+        for task in store.claims():
+            if task.coder == "claude":
+                store.release(task.id, str(task.claimed_by), AttemptEnd("not-started"), 1)
+        # Then with claims ending meanwhile (what each round but the last got is handed back).
+        starts[1].set()
+        results = [out.get(timeout=120) for _ in procs]
+        assert max(most for _, most in results) <= CAP
+        assert running()["claude"] <= CAP
+        assert sum(len(got) for got, _ in results) > CAP  # the cap was taken again and again
         for p in procs:
             p.join(timeout=60)
             assert p.exitcode == 0
-        assert max(most for _, most in results) <= CAP
-        running = store_rows(
-            home,
-            "SELECT coder, count(*) FROM tasks WHERE claimed_by IS NOT NULL GROUP BY coder"
-            " ORDER BY coder",
-        )
-        assert ("claude", CAP) in running, running
-        # The cap is the claude tasks': codex has none, and its tasks were all claimed.
-        assert ("codex", 6) in running, running
-        assert all(n <= CAP for coder, n in running if coder == "claude")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        store.close()
 
 
 def test_a_cap_leaves_room_for_other_coders_in_claim_order(store: Store, project: Path) -> None:
