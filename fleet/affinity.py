@@ -2,8 +2,8 @@
 label it needs (`--needs`, the `host_labels` setting), and only where its directory exists.
 
 Invariants:
-- a host's name is `fleet.host.owner()`, the name its claims carry; a label is a label as a
-  task's own are (fleet.inputs.label), the same for what a task needs and what a host has;
+- a host's name is `fleet.host.owner()`, the name its claims carry; a label is a short word
+  (letters, digits and `._:=+-`), the same syntax for what a task needs and what a host has;
 - the store filters claims by host and labels in SQL (fleet.store.placement); this module
   checks what people type and says in words why a task cannot run on a host.
 """
@@ -14,13 +14,16 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from fleet.errors import InputError
+from fleet.errors import ConfigError, InputError
 
 # A host name as the kernel's node name usually is: an RFC 1123 name (underscores tolerated,
 # as some containers have them), at most 253 characters.
 HOST_PATTERN = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9])?"
 HOST_EXAMPLE = "a host name such as build-2 or build-2.example.org"
+LABEL_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:=+-]{0,63}"
+LABEL_EXAMPLE = "a word of letters, digits and ._:=+- such as gpu or arch=arm64"
 _HOST = re.compile(HOST_PATTERN)
+_LABEL = re.compile(LABEL_PATTERN)
 
 
 def host_name(text: str, field: str = "--host") -> str:
@@ -34,13 +37,10 @@ def host_name(text: str, field: str = "--host") -> str:
 
 
 def label(text: str, field: str = "--needs") -> str:
-    """A label a task needs or a host has, checked: a label as tasks have them (`--label`)."""
-    from fleet import inputs
-
-    try:
-        return inputs.label(text)
-    except InputError:
-        raise InputError(f"bad {field} label {text!r}: up to 64 characters, no spaces") from None
+    """A label a task needs or a host has, checked."""
+    if not _LABEL.fullmatch(text):
+        raise InputError(f"bad {field} label {text!r}: it must be {LABEL_EXAMPLE}")
+    return text
 
 
 def labels(texts: Iterable[str], field: str = "--needs") -> tuple[str, ...]:
@@ -49,9 +49,11 @@ def labels(texts: Iterable[str], field: str = "--needs") -> tuple[str, ...]:
 
 
 def host_labels(values: Sequence[str]) -> tuple[str, ...]:
-    """The `host_labels` setting's labels (checked when the configuration was read:
-    fleet.config.check_host_labels), each once."""
-    return tuple(dict.fromkeys(values))
+    """The `host_labels` setting's labels (checked when the configuration was read)."""
+    try:
+        return labels(values, "host_labels")
+    except InputError as e:
+        raise ConfigError(e.message) from None
 
 
 class Placement(NamedTuple):

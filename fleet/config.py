@@ -245,7 +245,6 @@ def combine(
         sources[key] = "flag"
     config = Config(path, values, sources)
     check_dead_after(config)
-    check_host_labels(config)
     try:
         config.check_coder(config.get_str("default_coder"))
     except ConfigError as e:
@@ -255,44 +254,33 @@ def combine(
     return config
 
 
-DEAD_AFTER_LEASES = 5  # host_dead_after 0: this many lease_seconds
+DEAD_AFTER_LEASES = 5  # host_dead_after 0: this many lease_seconds, and the stop grace
 
 
 def dead_after(config: Config) -> int:
     """How long a host may be silent before others recover its expired claims (seconds)."""
-    return config.get_int("host_dead_after") or DEAD_AFTER_LEASES * config.get_int("lease_seconds")
+    return config.get_int("host_dead_after") or (
+        DEAD_AFTER_LEASES * config.get_int("lease_seconds") + config.get_int("stop_grace_seconds")
+    )
 
 
 def check_dead_after(config: Config) -> None:
-    """A host is taken for dead only after it could have renewed its leases: host_dead_after
-    must exceed lease_seconds plus the renew period (fleet.run renews every third of it)."""
+    """A host is taken for dead only once none of its agents can still be running: a runner
+    renews every third of lease_seconds, and one that could not stops its agent when its
+    lease ends, which may take stop_grace_seconds; host_dead_after must exceed all three."""
     lease = config.get_int("lease_seconds")
     renew = -(-lease // 3)  # rounded up
-    least = lease + renew
+    grace = config.get_int("stop_grace_seconds")
+    least = lease + renew + grace
     dead_after = config.get_int("host_dead_after")
     if dead_after and dead_after <= least:
         raise ConfigError(
             f"host_dead_after ({config.sources['host_dead_after']}) is {dead_after} s: it must"
-            f" be more than lease_seconds plus the renew period ({lease} + {renew} ="
-            f" {least} s)",
-            hint=f"set host_dead_after to at least {least + 1}, or lower lease_seconds",
+            " be more than lease_seconds plus the renew period plus stop_grace_seconds"
+            f" ({lease} + {renew} + {grace} = {least} s)",
+            hint=f"set host_dead_after to at least {least + 1} (or 0, the default), or lower"
+            " lease_seconds",
         )
-
-
-def check_host_labels(config: Config) -> None:
-    """The labels a host advertises are labels as tasks have them (fleet.inputs.label)."""
-    labels = config.values["host_labels"]
-    if not labels:
-        return
-    from fleet import inputs
-    from fleet.errors import InputError
-
-    for text in labels:
-        try:
-            inputs.label(text)
-        except InputError as e:
-            where = config.sources["host_labels"]
-            raise ConfigError(f"host_labels ({where}): {e.message}") from None
 
 
 def split_assignment(text: str) -> tuple[str, str]:

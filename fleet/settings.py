@@ -10,6 +10,7 @@ import math
 import re
 from typing import Any, Literal, NamedTuple
 
+from fleet.affinity import LABEL_EXAMPLE, LABEL_PATTERN
 from fleet.errors import ConfigError
 from fleet.model import ISOLATIONS, MERGE_STRATEGIES, SANDBOXES
 from fleet.unitsyntax import SIZE, SIZE_EXAMPLE
@@ -105,11 +106,13 @@ class Setting(NamedTuple):
 
             for key, price in value.items():
                 entry(key, price, where)
-        if self.pattern and not re.fullmatch(self.pattern, value):
-            raise ConfigError(
-                f"{where}: {self.name} must look like {self.example or self.pattern},"
-                f" not {shown(self.name, value)!r}"
-            )
+        # A list's pattern is each item's.
+        for item in value if self.pattern and self.kind == "list" else [value]:
+            if self.pattern and not re.fullmatch(self.pattern, item):
+                raise ConfigError(
+                    f"{where}: {self.name} must look like {self.example or self.pattern},"
+                    f" not {shown(self.name, item)!r}"
+                )
         if self.kind == "int":
             if self.minimum is not None and value < self.minimum:
                 raise ConfigError(f"{where}: {self.name} must be at least {self.minimum}")
@@ -245,6 +248,8 @@ SETTINGS: tuple[Setting, ...] = (
         " them), such as gpu or arch=arm64: it claims a task added with `fleet add --needs"
         " LABEL` only if it has every label the task needs (a task added with --host NAME runs"
         " only on the host whose name, `uname -n`, is NAME).",
+        pattern=LABEL_PATTERN,
+        example=LABEL_EXAMPLE,
     ),
     Setting(
         "default_coder",
@@ -566,8 +571,9 @@ SETTINGS: tuple[Setting, ...] = (
         "Seconds a host may be silent (no dispatch pass, no lease renewal) before another host"
         " sharing the queue recovers its claims whose leases have run out (their tasks run"
         " again elsewhere). Must exceed lease_seconds plus the renew period (a third of"
-        " lease_seconds), so a host that is only slow is never taken for dead; 0 means five"
-        " times lease_seconds (300 s with the default lease).",
+        " lease_seconds) plus stop_grace_seconds, so that no agent of such a claim can still"
+        " be running; 0 means five times lease_seconds plus stop_grace_seconds (310 s by"
+        " default).",
         0,
         7 * 86400,
     ),

@@ -17,9 +17,9 @@ Invariants:
 Why both conditions: a renewal refreshes its host's last_seen in its own transaction, so a
 runner's last renewal is never later than its host's last_seen, and its lease ends at most
 lease_seconds after that; a runner that cannot renew stops its agent when its lease ends
-(fleet.run). With host_dead_after longer than a lease plus the renew period (fleet.config), a
-host silent that long has no agent left running on any claim whose lease ran out: the task
-runs again elsewhere, never twice at once.
+(fleet.run), within stop_grace_seconds. With host_dead_after longer than a lease, the renew
+period and that grace together (fleet.config), a host silent that long has no agent left
+running on any claim whose lease ran out: the task runs again elsewhere, never twice at once.
 
 The interface is `Hosting` (part of `fleet.store.base.Store`); `SQLHosts` is its implementation,
 mixed into the SQL store of either backend.
