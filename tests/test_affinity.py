@@ -411,3 +411,18 @@ def test_concurrent_claimers_pass_over_missing_directories_and_never_double_clai
         assert all(store.missing_on(t.id) for t in lacking)
     finally:
         store.close()
+
+
+def test_edit_moves_a_task_of_another_host_to_a_directory_only_it_has(
+    backend: str, fleet: Fleet
+) -> None:
+    elsewhere = "/srv/only/on/build-3"  # no such directory here
+    pinned = fleet.add("t", "--host", "build-3")
+    fleet.ok("edit", pinned, "--cwd", elsewhere)
+    assert json.loads(fleet.ok("show", pinned, "--json"))["cwd"] == elsewhere
+    plain = fleet.add("u")
+    refused = fleet("edit", plain, "--cwd", elsewhere)
+    assert refused.code == 2 and "no such directory" in refused.err, refused.err
+    fleet.ok("edit", plain, "--host", "build-3", "--cwd", elsewhere)
+    obj = json.loads(fleet.ok("show", plain, "--json"))
+    assert (obj["pinned_host"], obj["cwd"]) == ("build-3", elsewhere)
