@@ -359,8 +359,12 @@ def server(asker: Asker) -> MCPServer:
     served: list[str] = []
 
     def mail(result: str) -> str:
-        """Every tool's result brings the messages that arrived meanwhile: no polling."""
-        return coordination.with_messages(asker.store, asker.paths, asker.task_id, result)
+        """Every tool's result brings the messages that arrived meanwhile: no polling. Then
+        the store's connection is let go until the next tool call (Store.rest)."""
+        try:
+            return coordination.with_messages(asker.store, asker.paths, asker.task_id, result)
+        finally:
+            asker.store.rest()
 
     def tool(func: F) -> F:
         """Serve `func` as the tool of its name, with the registry's description."""
@@ -523,6 +527,7 @@ def serve() -> None:
             hint="fleet-ask is started by a coder that fleet-run configured, with the task's id",
         )
     asker = Asker(resolve(), task_id)
+    asker.store.rest()  # until the agent's first tool call
     try:
         server(asker).run("stdio")
     finally:

@@ -36,7 +36,7 @@ from fleet.caps import global_caps
 from fleet.config import Config, dead_after
 from fleet.errors import FleetError
 from fleet.host import boot_id, machine_id, owner
-from fleet.model import AttemptEnd
+from fleet.model import AttemptEnd, Task
 from fleet.paths import Paths, Scope
 from fleet.store import Store
 
@@ -85,7 +85,9 @@ def recover(
     `paths` last had it; and, given `config`, those of other hosts whose lease ran out and
     whose host has been silent longer than host_dead_after (no unit to ask: the silence is
     the evidence). Leases and silence are judged by the store's clock (the database's, on
-    PostgreSQL). A task lost max_lost times in a row is blocked."""
+    PostgreSQL). A task lost max_lost times in a row is blocked. An attempt of this host that
+    did end, but whose runner and reaper found the store away (an outage), left its outcome
+    file: it is settled from that file instead, once."""
     from fleet.errors import Conflict
     from fleet.usage import attempt_end
 
@@ -97,6 +99,9 @@ def recover(
     for task in [*stale, *orphans]:
         holder = task.claimed_by or me
         if holder == me and alive.get(task.id, ("inactive", ""))[0] in systemd.ALIVE:
+            continue
+        if holder == me and paths and config and settled_late(paths, store, config, task):
+            recovered.append(task.id)
             continue
         # What the lost attempt spent, as far as its runner here published it (fleet.live).
         spent = live.spent(paths, task.id, task.attempts) if paths and holder == me else {}
@@ -112,6 +117,24 @@ def recover(
             live.remove(paths, task.id)
         recovered.append(task.id)
     return recovered
+
+
+def settled_late(paths: Paths, store: Store, config: Config, task: Task) -> bool:
+    """Settle the ended attempt of `task` from its outcome file, if it left one that its
+    runner could have settled itself (fleet.programs: not a stop by systemd, which only
+    fleet-reap can tell apart); whether it did."""
+    from fleet import outcome, reap, taskdir
+
+    found = outcome.read(taskdir.task_dir(paths, task.id))
+    if (
+        found is None
+        or found.attempt != task.attempts
+        or found.verdict == "refused"
+        or (found.stopped_by or "").startswith("signal")
+        or (found.signal and not found.stopped_by)
+    ):
+        return False
+    return reap.settle(paths, store, config, task.id) is not None
 
 
 def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: bool = True) -> Pass:

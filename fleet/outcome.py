@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from fleet.fsutil import write_atomic
 
 FILE = "outcome.json"
+LEASE_LOST = "lease-lost"  # stopped_by: the runner's claim may have run out (fleet.run)
 
 
 class Outcome(NamedTuple):

@@ -104,8 +104,19 @@ def run(task_id: str) -> int:
     from fleet.notify import Notifier
     from fleet.run import GIT_GRACE_USEC
 
-    Notifier().send(watchdog=1, watchdog_usec=GIT_GRACE_USEC, extend_timeout_usec=GIT_GRACE_USEC)
-    kind, line = settle(task_id, ended)
+    notifier = Notifier()
+    notifier.send(watchdog=1, watchdog_usec=GIT_GRACE_USEC, extend_timeout_usec=GIT_GRACE_USEC)
+    # The store may be away (a PostgreSQL outage): the attempt is settled once it is back;
+    # after a while the outcome file waits for the next dispatch pass instead (fleet.outage).
+    import time
+
+    from fleet.outage import SETTLE_WAIT_S, settled
+
+    def wait(seconds: float) -> None:
+        notifier.send(watchdog=1)
+        time.sleep(seconds)
+
+    kind, line = settled(lambda: settle(task_id, ended), time.monotonic() + SETTLE_WAIT_S, wait)
     sys.stdout.write(line + "\n")
     taskdir.ring(directory, taskdir.SETTLED + invocation)
     return code

@@ -155,6 +155,10 @@ def classify(
         if task.status == Status.DONE or found.closes_on_success:
             return "success", found.reason
         return "noclose", "the agent finished without closing the task"
+    if found.stopped_by == outcome_file.LEASE_LOST:
+        # Not a person's stop: its runner could not renew the claim in time (the store was
+        # unreachable), so the attempt is lost, and the task run again.
+        return "lost", "its runner could not renew the claim in time and stopped the agent"
     if found.verdict == "killed":
         return "killed", found.stopped_by or found.reason
     if found.verdict in ("rate-limited", "context-pressure", "budget", "unstartable"):

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -46,6 +47,7 @@ from fleet.host import owner
 from fleet.journal import Journal, under_journald
 from fleet.model import QuestionStatus, Status, Task
 from fleet.notify import Notifier
+from fleet.outage import Kept
 from fleet.paths import Paths, ensure_dir, program, resolve
 from fleet.proc import child_env
 from fleet.redact import Redactor, secret_values
@@ -237,6 +239,8 @@ class Attempt:
         self.sessions: set[int] = set()  # sessions seen below the agent (by hand only)
         self._partial = bytearray()
         self._skipping = False
+        # What the store could not take while it was unreachable (fleet.outage).
+        self.kept = Kept(lambda text: self.sink.lifecycle(None, text))
 
     def status_line(self) -> str:
         t = self.tally
@@ -312,7 +316,16 @@ class Attempt:
                 self.rate_limit(event)
             if event.kind == Kind.SESSION and event.session and event.session != self.recorded:
                 # A checkpoint taken while the attempt runs names this session.
-                self.store.record_session(self.task.id, self.me, self.task.attempts, event.session)
+                self.kept.do(
+                    "the session id",
+                    partial(
+                        self.store.record_session,
+                        self.task.id,
+                        self.me,
+                        self.task.attempts,
+                        event.session,
+                    ),
+                )
                 self.recorded = event.session
         if self.limits.pressure(self.tally.context):
             self.stop(PRESSURE)
@@ -363,10 +376,19 @@ class Attempt:
         """Hold this coder back in fleet-claim when its provider refuses or nears the limit."""
         coder = self.coder_name
         window = ratelimit.window_of(event)
-        resets = event.resets_at
-        self.store.record_gauge(coder, window, event.rate_status, event.utilization, resets)
+        resets, status, used = event.resets_at, event.rate_status, event.utilization
+        self.kept.do(
+            f"the {coder} rate gauge",
+            lambda: self.store.record_gauge(coder, window, status, used, resets),
+        )
         if held := ratelimit.hold(event, coder, self.limits.rate, time.time()):
-            self.store.set_gate(f"coder:{coder}", iso(held.until), held.why, "rate-limit", window)
+            until = iso(held.until)
+            self.kept.do(
+                f"the hold on {coder}",
+                lambda: self.store.set_gate(
+                    f"coder:{coder}", until, held.why, "rate-limit", window
+                ),
+            )
 
     def questions_changed(self) -> None:
         """Re-read which question (if any) the agent waits on, after fleet-ask or `fleet
@@ -576,6 +598,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                 drain_until,
                 next_scan,
                 run.kill_at or 1e18,
+                run.kept.due,
             )
             for key, _ in sel.select(max(0.0, wake_at - now)):
                 what = key.data
@@ -604,10 +627,10 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     if taskdir.KILL in names:
                         run.stop(run.kill_reason())
                     if taskdir.FOCUS in names:
-                        run.focus_changed()
+                        run.kept.do("the focus", run.focus_changed)
                         next_status = now
                     if questions.SENTINEL in names:
-                        run.questions_changed()
+                        run.kept.do("the question", run.questions_changed)
                         next_status = now
                         next_extend = now if run.asking else float("inf")
                 elif what == "signal":
@@ -639,7 +662,7 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                     # The store is away (a PostgreSQL outage): the agent runs on while the
                     # claim surely holds, asking again soon; once it may not, it stops.
                     if now + RENEW_RETRY_S >= held_until:
-                        run.stop("lease-lost")
+                        run.stop(outcome.LEASE_LOST)
                     else:
                         next_renew = now + RENEW_RETRY_S
                         run.sink.lifecycle(
@@ -652,7 +675,9 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
                             with contextlib.suppress(StoreError):  # asked again next time
                                 run.poll_signals(directory)
                     else:
-                        run.stop("lease-lost")
+                        run.stop(outcome.LEASE_LOST)
+            if now >= run.kept.due:
+                run.kept.retry()
             if run.kill_at is not None and now >= run.kill_at:
                 signal_group(proc.pid, signal.SIGKILL)
                 run.kill_at = None
@@ -662,7 +687,14 @@ def loop(run: Attempt, proc: subprocess.Popen[bytes], directory: Path) -> int:
             if exited and not eof and now >= drain_until:
                 signal_group(proc.pid, signal.SIGKILL)
                 eof = True
+            # No database connection held between uses (a renewal every third of the lease):
+            # one per running agent on every host would use up a shared server's slots.
+            run.store.rest()
         run.flush()
+        if run.kept.left():
+            run.kept.retry()
+        if run.kept.left():  # the outcome file holds what the attempt's record needs
+            run.sink.lifecycle(None, "never recorded in the store: " + ", ".join(run.kept.left()))
         if sweep:
             sessions |= descendant_sessions(os.getpid())
         # What the agent left behind: tools in its own process group that closed its output,
@@ -977,8 +1009,11 @@ class Runner:
             )
             run.polls = self.config.get_str("wakeups") == "poll"
             how = f", resuming session {spec.resume}" if spec.resume else ""
-            self.store.note(
-                task.id, "started", attempt=task.attempts, coder=self.coder_name, pid=proc.pid
+            run.kept.do(
+                "the start",
+                lambda: self.store.note(
+                    task.id, "started", attempt=task.attempts, coder=self.coder_name, pid=proc.pid
+                ),
             )
             from fleet.containment import profile_of
 

@@ -71,6 +71,10 @@ class Cluster:
             "UTF8",
             "--no-sync",
         )
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the server of the cluster (again, after `halt`)."""
         options = (
             f"-k {self.dir} -c listen_addresses='' -c fsync=off -c synchronous_commit=off"
             " -c full_page_writes=off -c max_connections=200"
@@ -79,6 +83,11 @@ class Cluster:
             str(self._bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options,
             "-w", "-t", "120", "start",
         )  # fmt: skip
+
+    def halt(self) -> None:
+        """Stop the server as an outage would, keeping the cluster: its clients' connections
+        end at once (a fast shutdown), and no new one is accepted until `resume`."""
+        self._run(str(self._bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():

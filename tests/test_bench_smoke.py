@@ -38,14 +38,14 @@ EXPECTED = (
         line
         for backend in ("sqlite", "postgresql")
         for line in (
-            rf"claim, 8 claimers, 200 tasks, {backend}: median [\d.]+ claims/s"
+            rf"claim, 8 claimers on 3 hosts, 200 tasks, {backend}: median [\d.]+ claims/s"
             r" \(target >= 1000 claims/s" + MET,
-            rf"claim safety, 8 claimers, 200 tasks, {backend}: double claims 0, lost 0 over 3"
-            r" runs \(target 0\)",
+            rf"claim safety, 8 claimers on 3 hosts, 200 tasks, {backend}: double claims 0,"
+            r" lost 0 over 3 runs \(target 0\)",
             rf"ls --json, 2000 tasks, {backend}: median [\d.]+ s \(target <= 1.5 s" + MET,
         )
     ),
-    r"claim, 8 claimers, postgresql vs sqlite: ratio [\d.]+x",
+    r"claim, 8 claimers on 3 hosts, postgresql vs sqlite: ratio [\d.]+x",
     *(
         rf"{what}, {backend}: median [\d.]+ ms \(no target\)"
         for backend in ("sqlite", "postgresql")

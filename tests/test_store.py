@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -19,9 +20,16 @@ from fleet.model import AttemptEnd, Status, TaskEdit, TaskSpec
 from fleet.paths import resolve
 from fleet.store import Store, TaskFilter, open_store
 from fleet.store.base import BadSpec
-from fleet.store.schema import VERSION
+from fleet.store.schema import MIGRATIONS, VERSION
 from fleet.timeutil import parse
-from tests.conftest import Fleet, pg_store_at_version, run_fleet, store_at_version, store_rows
+from tests.conftest import (
+    Fleet,
+    pg_store_at_version,
+    run_fleet,
+    store_at_version,
+    store_rows,
+    store_sql,
+)
 
 
 @pytest.fixture
@@ -604,3 +612,100 @@ def test_a_batch_add_gathers_the_statistics_claims_are_planned_by(
     assert analyzed() == [(False,)]
     store.add([spec(str(i), project) for i in range(500)])
     assert analyzed() == [(True,)]
+
+
+# Costs that SQLite's %!.15g and a shortest round-trip print differently, and awkward text.
+COSTS = (0.1 + 0.2, 5.0, 1e20, 2.5e-7, 123456789.123456789, -0.5, 0.0, 1e15, 0.0001, 12.5)
+AWKWARD = 'quote " backslash \\ tab \t nl \n cr \r bell \x07 del \x7f ls \u2028 é 😀'
+
+
+def fill_alike(store: Store, project: Path) -> list[str]:
+    """The same tasks in `store` whatever its backend; their ids in order."""
+    first, second = store.add(
+        [
+            spec(AWKWARD, project, description=AWKWARD, labels=("é", "b")),
+            spec("plain", project, limits={"memory_max": "1G", "cpu_weight": 50}),
+        ]
+    )
+    rest = store.add(
+        [
+            spec(f"task {i}", project, after=(first.id, second.id) if i % 3 == 0 else (first.id,))
+            for i in range(len(COSTS))
+        ]
+    )
+    claim(store)  # the first task: running, so its dependants wait on it
+    store.close_task(second.id, "done by hand")
+    return [first.id, second.id, *(t.id for t in rest)]
+
+
+def _sorted_ids(text: str) -> str:
+    return '["' + '","'.join(sorted(text[2:-2].split('","'))) + '"]'
+
+
+def test_ls_json_is_the_same_bytes_on_both_stores(
+    fleet: Fleet, home: Path, project: Path, pg_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleet ls --json` prints each task's JSON as its store builds it: the same tasks give
+    the same bytes on SQLite and PostgreSQL (separators, escapes, JSON columns, numbers)."""
+    outputs = []
+    for url in ("", pg_cluster.new_database()):
+        if url:
+            monkeypatch.setenv("FLEET_STORE", url)
+        store = open_store(resolve())
+        try:
+            ids = fill_alike(store, project)
+        finally:
+            store.close()
+        # What differs by nature (the clock, random ids) made alike; costs set exactly.
+        at = "'2026-01-01T00:00:00.000Z'"
+        kept = ("started_at", "finished_at", "lease_until")  # null stays null
+        store_sql(
+            home,
+            f"UPDATE tasks SET created_at = {at}, updated_at = {at}, "
+            + ", ".join(f"{c} = CASE WHEN {c} IS NULL THEN NULL ELSE {at} END" for c in kept),
+        )
+        for n, cost in enumerate(COSTS):
+            store_sql(
+                home,
+                f"UPDATE tasks SET cost = {cost!r}, max_cost_usd = {cost!r} WHERE seq ="
+                f" (SELECT seq FROM tasks ORDER BY seq LIMIT 1 OFFSET {n})",
+            )
+        out = fleet.ok("ls", "--all", "--json")
+        for n, task_id in enumerate(ids):
+            out = out.replace(task_id, f"fl-{n:06d}")
+        # Lists of ids are in id order, and the ids differ: sorted again once renamed (only
+        # where elements are apart by "," alone).
+        outputs.append(re.sub(r'\["fl-[^]]*"\]', lambda m: _sorted_ids(m.group(0)), out))
+    sqlite, postgresql = outputs
+    assert '"cost":0.3,' in sqlite and '"cost":1.0e+20,' in sqlite  # SQLite's %!.15g
+    assert sqlite == postgresql
+
+
+def test_json_columns_written_before_are_listed_compact_after_the_migration(
+    backend: str, home: Path, fleet: Fleet, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    from tests.conftest import pg_store_at_version
+
+    # The schema just before that migration (found by what it does: versions move on merge).
+    before = next(
+        i for i, step in enumerate(MIGRATIONS) if "merged_from = json(merged_from)" in step[0]
+    )
+    at = "'2026-11-30T10:00:00.000Z'"
+    insert = (
+        "INSERT INTO tasks (id, title, cwd, created_at, updated_at, labels, merged_from, limits)"
+        f" VALUES ('fl-aaaaaa', 'old', '/', {at}, {at}, '[\"a\", \"b\"]',"
+        ' \'["fl-bbbbbb", "fl-cccccc"]\', \'{"memory_max": "1G", "cpu_weight": 50}\')'
+    )
+    if backend == "postgresql":
+        cluster = request.getfixturevalue("pg_cluster")
+        monkeypatch.setenv("FLEET_STORE", pg_store_at_version(cluster, before, insert))
+    else:
+        db = store_at_version(home, before)
+        db.execute(insert)
+        db.commit()
+        db.close()
+    (line,) = [t for t in fleet.ok("ls", "--json").splitlines() if "fl-aaaaaa" in t]
+    assert '"labels":["a","b"]' in line
+    assert '"merged_from":["fl-bbbbbb","fl-cccccc"]' in line
+    assert '"limits":{"memory_max":"1G","cpu_weight":50}' in line

@@ -471,3 +471,32 @@ def test_the_overview_shows_each_running_agents_focus_and_leases(
     page = web.get("/").text
     assert "focus: tuning the &lt;parser&gt;" in page
     assert "holds: src/parser.py" in page
+
+
+def test_the_dashboard_names_each_tasks_host_and_lists_the_hosts(
+    web: Web, fleet: Fleet, project: Path
+) -> None:
+    from fleet.store.hosts import HostInfo
+    from tests.conftest import store_sql
+
+    task_id = fleet.add("on h1", "--cwd", str(project), "-d", "true")
+    store = open_store(resolve())
+    try:
+        store.heartbeat(HostInfo("h1", None, None, ("gpu",), 2), 300)
+        store.heartbeat(HostInfo("h2", None, None, (), 4), 300)
+        assert store.claim_task(task_id, "h1", 60, "command", None) is not None
+    finally:
+        store.close()
+    store_sql(resolve().home, "UPDATE hosts SET last_seen = '2000-01-01T00:00:00.000Z'"
+              " WHERE name = 'h2'")  # fmt: skip
+    rows = web.get("/tasks", headers={"hx-request": "true", "hx-target": "rows"}).text
+    (row,) = [r for r in rows.split("<tr>") if task_id in r]
+    assert '<td class="hide-s">h1</td>' in row
+    page = web.get("/").text
+    hosts = page[page.index("<h2>Hosts</h2>") :].split("</table>")[0]
+    assert re.search(r"h1</td><td><span[^>]*>alive</span></td><td>1/2</td>", hosts)
+    assert re.search(r"h2</td><td><span[^>]*>silent</span></td><td>0/4</td>", hosts)
+    assert '<span class="label">gpu</span>' in hosts
+    task = web.get(f"/tasks/{task_id}").text
+    assert '<dt>host</dt><dd class="mono">h1</dd>' in task
+    assert re.search(r'<td>1</td>\s*<td class="mono">h1</td>', task)

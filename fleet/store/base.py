@@ -155,6 +155,12 @@ class Store(Coordinating, Hosting, Signalling, Protocol):
 
     def close(self) -> None: ...
 
+    def rest(self) -> None:
+        """Let go of the database connection until the next use takes one again (PostgreSQL),
+        so that a long-lived program that uses its store now and then (a runner between
+        renewals) holds none meanwhile; nothing on SQLite, whose file costs nothing to hold."""
+        ...
+
     # Reading
     def resolve(self, ref: str) -> str:
         """The full id for a full id or an unambiguous prefix (NotFound / InputError)."""

@@ -147,6 +147,9 @@ class SQLiteStore(SQLStore):
                 raise _disk_full(paths.db)  # no room to migrate it
         return db
 
+    def rest(self) -> None:
+        pass
+
     def close(self) -> None:
         self._db.close()
         if self._lock_fd >= 0:

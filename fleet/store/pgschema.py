@@ -361,6 +361,29 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX cwd_missing_host ON cwd_missing (host)",
     ),
+    # 20: records' JSON the same bytes as SQLite's (fleet.store.dialect): a REAL printed as
+    # SQLite's %!.15g (`1.0`, `0.3`, `2.5e-07`; a float8's numeric has those 15 digits), and
+    # the JSON columns written before rewritten compact (labels and ids hold no quotes or
+    # spaces; limits' values no ", " or ": ").
+    (
+        """CREATE FUNCTION fleet_json_real(x DOUBLE PRECISION) RETURNS json
+        LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+        SELECT (CASE WHEN e < -4 OR e >= 15 THEN
+            CASE WHEN strpos(m, '.') > 0 THEN m ELSE m || '.0' END
+            || CASE WHEN e < 0 THEN 'e-' ELSE 'e+' END || lpad(abs(e)::text, 2, '0')
+        ELSE CASE WHEN strpos(f, '.') > 0 THEN f ELSE f || '.0' END END)::json
+        FROM (SELECT e, trim_scale(n)::text AS f,
+                     CASE WHEN e < -4 OR e >= 15 THEN trim_scale(n / 10::numeric ^ e)::text END AS m
+              FROM (SELECT n, CASE WHEN n = 0 THEN 0 ELSE floor(log(abs(n)))::int END AS e
+                    FROM (SELECT x::numeric AS n) a) b) c
+        $$""",
+        "UPDATE tasks SET labels = replace(labels, '\", \"', '\",\"') WHERE labels LIKE '%, %'",
+        "UPDATE tasks SET merged_from = replace(merged_from, '\", \"', '\",\"')"
+        " WHERE merged_from LIKE '%, %'",
+        "UPDATE tasks SET needs = replace(needs, '\", \"', '\",\"') WHERE needs LIKE '%, %'",
+        "UPDATE tasks SET limits = replace(replace(limits, ', \"', ',\"'), '\": ', '\":')"
+        " WHERE limits LIKE '%, %' OR limits LIKE '%: %'",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

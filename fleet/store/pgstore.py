@@ -188,6 +188,9 @@ class PGStore(SQLStore):
             raise
         return store
 
+    def rest(self) -> None:
+        self._conn.close()  # `_usable` connects again when the store is next used
+
     def close(self) -> None:
         self._conn.close()
         if self._lock_fd >= 0:

@@ -52,7 +52,7 @@ def labels_arg(labels: Iterable[str]) -> str:
 def needs_value(needs: Sequence[str]) -> str | None:
     """What `tasks.needs` holds: NULL for none (most tasks), which the claim's filter passes
     without parsing any JSON."""
-    return json.dumps(list(needs)) if needs else None
+    return json.dumps(list(needs), separators=(",", ":")) if needs else None
 
 
 class Missing(Exception):

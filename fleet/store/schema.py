@@ -479,6 +479,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID""",
         "CREATE INDEX cwd_missing_host ON cwd_missing (host)",
     ),
+    # JSON columns written compact (fleet.store.dialect: a record's JSON is the same bytes on
+    # both stores), those written before rewritten so.
+    (
+        "UPDATE tasks SET labels = json(labels), merged_from = json(merged_from),"
+        " limits = json(limits), needs = json(needs)",
+    ),
 )
 
 VERSION = len(MIGRATIONS)

@@ -1,10 +1,10 @@
 """`python -m tests.bench [--quick] [NAME ...]`: run the benchmarks and print their figures.
 
 Run from the repository root. NAME picks benchmarks (startup, ls, add, claim, backends, hosts,
-affinity, units, recovery, stream, answer, messages, status, stats, telegram, telegram-units,
-web, web-units; default: all, in that order; units, recovery, stream, telegram-units and
-web-units boot a systemd sandbox and need root; backends, hosts and affinity start a
-PostgreSQL cluster of their own).
+affinity, units, connections, recovery, stream, answer, messages, status, stats, telegram,
+telegram-units, web, web-units; default: all, in that order; units, connections, recovery,
+stream, telegram-units and web-units boot a systemd sandbox and need root; backends, hosts,
+affinity and connections start a PostgreSQL cluster of their own).
 `--quick` uses 1/50 of the sizes and 3 runs each, for a smoke test; its figures say nothing
 about the targets.
 """
@@ -25,6 +25,7 @@ from tests.bench import (
     bench_backends,
     bench_claim,
     bench_cli_startup,
+    bench_connections,
     bench_hosts,
     bench_ls_json,
     bench_messages,
@@ -47,6 +48,7 @@ BENCHMARKS: dict[str, Callable[[Options], None]] = {
     bench_hosts.NAME: bench_hosts.main,
     bench_affinity.NAME: bench_affinity.main,
     bench_units.NAME: bench_units.main,
+    bench_connections.NAME: bench_connections.main,
     bench_recovery.NAME: bench_recovery.main,
     bench_stream.NAME: bench_stream.main,
     bench_answer.NAME: bench_answer.main,

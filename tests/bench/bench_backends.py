@@ -8,7 +8,9 @@ ls --json` with 100,000 tasks <= 1.5 s. SQLite's figures, measured the same way,
 PostgreSQL is a cluster of this benchmark's own (tests/pg.py: Debian's server, a Unix socket in
 a temporary directory, fsync off, so the figure is fleet's cost and not the disk's), each run in
 a new database. Claimers are separate processes (multiprocessing, `spawn`), as on separate
-hosts: each opens the store, reports ready and waits for one start event; the clock runs from
+hosts: 8 claimers as 3 hosts (claimer i claims as host i mod 3, with that host's boot id,
+as the units of a host's dispatch passes would), each opens the store, reports ready and
+waits for one start event; the clock runs from
 that event until the last claimer reports the ids it got (claiming one task at a time until
 none is left). Double claims are counted from the store (attempt rows per task) and from what
 the claimers got; a task nobody holds at the end is lost. Median of 3 runs.
@@ -50,6 +52,7 @@ NAME = "backends"
 CLAIM_TASKS = 10_000
 LS_TASKS = 100_000
 CLAIMERS = 8
+HOSTS = 3
 RUNS = 3
 LS_RUNS = 5
 CHUNK = 5_000
@@ -103,12 +106,12 @@ def _claimer(env: dict[str, str], index: int, go: Any, results: Any) -> None:
     try:
         os.environ.update(env)
         with opened(env) as store:
-            owner = f"host{index}"
+            owner, boot = f"host{index % HOSTS}", f"boot-of-host{index % HOSTS}"
             got: list[str] = []
             results.put(("ready", index, None))
             if not go.wait(TIMEOUT_S):
                 raise RuntimeError("no start signal")
-            while tasks := store.claim(1, owner, 300, "claude", None):
+            while tasks := store.claim(1, owner, 300, "claude", None, boot):
                 got.extend(t.id for t in tasks)
         results.put(("done", index, got))
     except BaseException:
@@ -166,19 +169,19 @@ def main(opts: Options) -> None:
                     claim_once(stores, backend, n, str(project)) for _ in range(opts.runs(RUNS))
                 ]
                 rates[backend] = report(
-                    f"claim, {CLAIMERS} claimers, {n} tasks, {backend}",
+                    f"claim, {CLAIMERS} claimers on {HOSTS} hosts, {n} tasks, {backend}",
                     [n / seconds for seconds, _, _ in runs],
                     "claims/s",
                     CLAIM_TARGET,
                     higher_is_better=True,
                 )
                 figure(
-                    f"claim safety, {CLAIMERS} claimers, {n} tasks, {backend}",
+                    f"claim safety, {CLAIMERS} claimers on {HOSTS} hosts, {n} tasks, {backend}",
                     f"double claims {sum(r[1] for r in runs)}, lost {sum(r[2] for r in runs)}"
                     f" over {len(runs)} runs (target 0)",
                 )
             ratio(
-                f"claim, {CLAIMERS} claimers, postgresql vs sqlite",
+                f"claim, {CLAIMERS} claimers on {HOSTS} hosts, postgresql vs sqlite",
                 rates["postgresql"],
                 rates["sqlite"],
                 "claims/s on PostgreSQL / on SQLite",
