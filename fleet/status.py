@@ -244,17 +244,15 @@ def snapshot(
     paths: Paths, store: Store, config: Config, now: float | None = None, units: bool = True
 ) -> dict[str, Any]:
     """The whole picture (see FIELDS); `units=False` skips asking systemd."""
-    from fleet import budget
+    from fleet import affinity, budget
     from fleet.config import dead_after
+    from fleet.host import owner
 
     now = time.time() if now is None else now
     default = config.get_str("default_coder")
     counts = store.status_counts()
     gates = store.open_gates()
     by_name = {g["name"]: g for g in gates}
-    from fleet import affinity
-    from fleet.host import owner
-
     anywhere = store.ready_by_coder(default)
     here = (owner(), affinity.host_labels(config.values["host_labels"]))
     ready = store.ready_by_coder(default, here)

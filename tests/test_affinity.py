@@ -215,23 +215,25 @@ CAP = 3
 
 
 def _capped_claimer(
-    owner: str, start: mp.synchronize.Event, rounds: int, out: mp.Queue[tuple[list[str], int]]
+    owner: str, starts: list[mp.synchronize.Event], out: mp.Queue[tuple[list[str], int]]
 ) -> None:
-    """Claim under the cap; hand back some of what was claimed now and then, and note the
-    most claude tasks ever seen running at once."""
+    """Race: at each start, claim under the cap (one round at the first, six at the second,
+    handing back what it got at once but in the last round), and report what it got and the
+    most claude tasks it ever saw running at once."""
     store = open_store(resolve())
     caps = {"claude": CAP}
-    start.wait()
-    got: list[str] = []
-    most = 0
-    for i in range(rounds):
-        for task in store.claim(2, owner, 60, "claude", None, caps=caps):
-            got.append(task.id)
-            if i % 2:
-                store.release(task.id, owner, AttemptEnd("not-started"), attempt=task.attempts)
-        most = max(most, sum(1 for t in store.claims() if t.coder == "claude"))
+    for rounds, start in zip((1, 6), starts, strict=True):
+        start.wait()
+        got: list[str] = []
+        most = 0
+        for i in range(rounds):
+            for task in store.claim(2, owner, 60, "claude", None, caps=caps):
+                got.append(task.id)
+                if i < rounds - 1:  # handed back at once, but in the last round
+                    store.release(task.id, owner, AttemptEnd("not-started"), task.attempts)
+            most = max(most, sum(1 for t in store.claims() if t.coder == "claude"))
+        out.put((got, most))
     store.close()
-    out.put((got, most))
 
 
 def test_a_global_cap_holds_with_eight_claimer_processes(
@@ -240,32 +242,42 @@ def test_a_global_cap_holds_with_eight_claimer_processes(
     store = open_store(resolve())
     store.add([TaskSpec(f"claude {i}", str(project)) for i in range(40)])
     store.add([TaskSpec(f"codex {i}", str(project), coder="codex") for i in range(6)])
-    store.close()
     ctx = mp.get_context("spawn")  # fresh interpreters, as on hosts of their own
-    for rounds in (1, 6):  # all at once on an idle queue, then with claims ending meanwhile
-        start = ctx.Event()
-        out: mp.Queue[tuple[list[str], int]] = ctx.Queue()
-        procs = [
-            ctx.Process(target=_capped_claimer, args=(f"host-{i}", start, rounds, out))
-            for i in range(8)
-        ]
-        for p in procs:
-            p.start()
-        start.set()
+    starts = [ctx.Event(), ctx.Event()]
+    out: mp.Queue[tuple[list[str], int]] = ctx.Queue()
+    procs = [ctx.Process(target=_capped_claimer, args=(f"host-{i}", starts, out)) for i in range(8)]
+    for p in procs:
+        p.start()
+
+    def running() -> dict[str, int]:
+        rows = store_rows(
+            home, "SELECT coder, count(*) FROM tasks WHERE claimed_by IS NOT NULL GROUP BY coder"
+        )
+        return {str(coder): int(n) for coder, n in rows}
+
+    try:
+        # All at once on an idle queue: the cap exactly, and codex, uncapped, all of its tasks.
+        starts[0].set()
         results = [out.get(timeout=120) for _ in procs]
+        assert max(most for _, most in results) <= CAP
+        assert running() == {"claude": CAP, "codex": 6}
+        for task in store.claims():
+            if task.coder == "claude":
+                store.release(task.id, str(task.claimed_by), AttemptEnd("not-started"), 1)
+        # Then with claims ending meanwhile (what each round but the last got is handed back).
+        starts[1].set()
+        results = [out.get(timeout=120) for _ in procs]
+        assert max(most for _, most in results) <= CAP
+        assert running()["claude"] <= CAP
+        assert sum(len(got) for got, _ in results) > CAP  # the cap was taken again and again
         for p in procs:
             p.join(timeout=60)
             assert p.exitcode == 0
-        assert max(most for _, most in results) <= CAP
-        running = store_rows(
-            home,
-            "SELECT coder, count(*) FROM tasks WHERE claimed_by IS NOT NULL GROUP BY coder"
-            " ORDER BY coder",
-        )
-        assert ("claude", CAP) in running, running
-        # The cap is the claude tasks': codex has none, and its tasks were all claimed.
-        assert ("codex", 6) in running, running
-        assert all(n <= CAP for coder, n in running if coder == "claude")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        store.close()
 
 
 def test_a_cap_leaves_room_for_other_coders_in_claim_order(store: Store, project: Path) -> None:
@@ -358,3 +370,59 @@ def test_ls_and_status_say_what_runs_elsewhere_or_nowhere(
         assert "RUNS NOWHERE" not in fleet.ok("status")
     finally:
         store.close()
+
+
+def _claimer(owner: str, start: mp.synchronize.Event, out: mp.Queue[list[str]]) -> None:
+    store = open_store(resolve())
+    start.wait()
+    got: list[str] = []
+    while claimed := store.claim(3, owner, 60, "claude", None):
+        got.extend(t.id for t in claimed)
+    store.close()
+    out.put(got)
+
+
+def test_concurrent_claimers_pass_over_missing_directories_and_never_double_claim(
+    backend: str, project: Path, tmp_path: Path
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    store = open_store(resolve())
+    # Every fourth task, spread through the queue, works in a directory no claimer has.
+    specs = [TaskSpec(f"t{i}", str(gone if i % 4 == 0 else project)) for i in range(200)]
+    added = store.add(specs)
+    gone.rmdir()
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    out: mp.Queue[list[str]] = ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(f"host-{i}", start, out)) for i in range(4)]
+    for p in procs:
+        p.start()
+    start.set()
+    got = [task_id for _ in procs for task_id in out.get(timeout=120)]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert len(got) == len(set(got)), "a task was claimed twice"
+    assert set(got) == {t.id for i, t in enumerate(added) if i % 4}
+    lacking = [t for i, t in enumerate(added) if i % 4 == 0]
+    try:
+        assert all(store.get(t.id).attempts == 0 for t in lacking)
+        assert all(store.missing_on(t.id) for t in lacking)
+    finally:
+        store.close()
+
+
+def test_edit_moves_a_task_of_another_host_to_a_directory_only_it_has(
+    backend: str, fleet: Fleet
+) -> None:
+    elsewhere = "/srv/only/on/build-3"  # no such directory here
+    pinned = fleet.add("t", "--host", "build-3")
+    fleet.ok("edit", pinned, "--cwd", elsewhere)
+    assert json.loads(fleet.ok("show", pinned, "--json"))["cwd"] == elsewhere
+    plain = fleet.add("u")
+    refused = fleet("edit", plain, "--cwd", elsewhere)
+    assert refused.code == 2 and "no such directory" in refused.err, refused.err
+    fleet.ok("edit", plain, "--host", "build-3", "--cwd", elsewhere)
+    obj = json.loads(fleet.ok("show", plain, "--json"))
+    assert (obj["pinned_host"], obj["cwd"]) == ("build-3", elsewhere)

@@ -34,7 +34,11 @@ json_option = click.option(
 @click.argument("task_id", metavar="ID", type=TASK)
 @click.option("--title", help="New title.")
 @click.option("-d", "--description", metavar="TEXT|@FILE|-", help="New description.")
-@click.option("--cwd", metavar="DIR", help="New project directory.")
+@click.option(
+    "--cwd",
+    metavar="DIR",
+    help="New project directory (of a task that runs only on another host: one of that host).",
+)
 @click.option("--coder", metavar="NAME", help="New coder (empty: back to default_coder).")
 @click.option("--model", metavar="NAME", help="New model (empty: back to the default).")
 @click.option(
@@ -105,9 +109,11 @@ def edit(
     from fleet import inputs
 
     text = inputs.description(description) if description is not None else None
+    # A task that runs only on another host may move to a directory only that host has.
+    where = host if host is not None or cwd is None else app.store.get(task_id).pinned_host
     change = edit_of(
         app, title, text, cwd, coder, model, priority, labels, unlabel, after, not_after, parent,
-        max_cost, max_tokens, limits, host, needs, not_needs,
+        max_cost, max_tokens, limits, host, needs, not_needs, where or None,
     )  # fmt: skip
     _done(edit_task(app, task_id, change), as_json)
 
@@ -131,10 +137,13 @@ def edit_of(
     host: str | None = None,
     needs: Sequence[str] = (),
     not_needs: Sequence[str] = (),
+    cwd_host: str | None = None,
 ) -> TaskEdit:
     """The change `fleet edit` makes of its options, each checked (None leaves a field alone,
-    "" clears coder, model and the budgets); `description` is the text itself."""
+    "" clears coder, model, the budgets and the host); `description` is the text itself;
+    `cwd` is checked here unless `cwd_host` names another host (fleet.cli.add.where)."""
     from fleet import affinity, inputs
+    from fleet.cli import add
     from fleet.limits import pairs
 
     emptied = (
@@ -148,7 +157,7 @@ def edit_of(
     change = TaskEdit(
         title=inputs.title(title) if title is not None else None,
         description=description,
-        cwd=inputs.cwd(cwd) if cwd is not None else None,
+        cwd=add.where(cwd, cwd_host) if cwd is not None else None,
         coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
         model=inputs.name("model", model) if model else None,
         priority=priority,
