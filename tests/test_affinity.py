@@ -111,7 +111,7 @@ def test_fleet_run_of_a_task_whose_directory_is_missing_says_so(
     assert len(lines) == 1, done.stderr
     assert f"its directory {gone} does not exist on this host" in lines[0]
     shown = fleet.ok("show", task_id)
-    assert "cwd missing on" in shown and f"{os.uname().nodename} (since" in shown
+    assert "cwd absent on" in shown and f"{os.uname().nodename} (since" in shown
     as_json = json.loads(fleet.ok("show", task_id, "--json"))
     assert [m["host"] for m in as_json["cwd_missing_on"]] == [os.uname().nodename]
 

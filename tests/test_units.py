@@ -354,4 +354,6 @@ def test_run_as_hands_the_state_directory_to_its_user(systemd: Sandbox) -> None:
         assert owners(home) == {NOBODY}
     finally:
         systemd.systemctl("stop", "fleet-claim.path", "fleet-claim.timer", check=False)
+        # a pass the path unit started last may still be writing the store
+        systemd.systemctl("stop", "fleet-claim.service", "fleet-task@*", check=False)
         shutil.rmtree(root)

@@ -369,7 +369,7 @@ def show(app: App, task_id: str, as_json: bool) -> None:
             ("cwd", task.cwd),
             ("runs on", task.pinned_host or "any host"),
             ("needs", opt(", ".join(task.needs))),
-            ("cwd missing on", opt(lacking)),
+            ("cwd absent on", opt(lacking)),
             ("coder", task.coder or "(default_coder when first claimed)"),
             ("model", task.model or "(the coder's default)"),
             ("labels", opt(", ".join(task.labels))),
