@@ -22,11 +22,12 @@ off, so the figures are fleet's cost and not the disk's).
    its timer stopped, can only hear of it through its fleet-listen. The clock starts before
    nsenter and stops at the `date +%s.%N` the task's script writes first (the realtime clock
    is one for every sandbox); the next run waits until the task is done and host-b's
-   dispatcher is idle. Printed beside: the `fleet add` process itself, and when host-b's
-   dispatch pass started (its journal), which is how soon it heard; the rest is that pass
-   and fleet-run starting. Beside it, SQLite on one host: the same `fleet add` on the host
-   that runs the task (whose own dispatch pass, in `fleet add`, starts it; no
-   fleet-claim.service runs, so no pass figure).
+   dispatcher is idle. Printed beside, the way there from host-b's journal: when the task
+   was claimed (the claim's audit entry: host-b's fleet-listen runs that pass itself as it
+   hears the notification, so this is how soon it heard, plus the pass), and when systemd
+   began starting its fleet-task@ unit (the rest, to the coder, is fleet-run starting);
+   and the `fleet add` process itself. Beside it, SQLite on one host: the same `fleet add`
+   on the host that runs the task (whose own dispatch pass, in `fleet add`, starts it).
 3. `fleet answer` -> agent unblocked: the agent of a task on host-b (tests/bench/
    asking_agent.py, a real fleet-ask over MCP) asks one question after another; once each is
    pending in the store, the clock starts and `fleet answer` runs on host-a; it stops at the
@@ -51,6 +52,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from fleet.systemd import unit
 from tests.bench.bench_claim import tally
 from tests.bench.common import Options, figure, note, ratio, report
 from tests.multihost import Host, boot_hosts, fill, race, rows, wait_settled
@@ -70,7 +72,6 @@ SETTINGS: dict[str, str | int] = {"lease_seconds": 10, "stop_grace_seconds": 2}
 TIMEOUT_S = 120.0
 # systemd's own MESSAGE_ID for "Starting UNIT..." (sd-messages.h: SD_MESSAGE_UNIT_STARTING).
 UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
-CLAIM_UNIT = "fleet-claim.service"
 
 
 def claims(tmp: Path, cluster: Any, n: int, runs: int) -> None:
@@ -126,20 +127,25 @@ def stamp(path: Path) -> float:
     return float(path.read_text())
 
 
-def pass_started(host: Host, cursor: str) -> float:
-    """When the first dispatch pass on `host` after `cursor` started (its journal's clock)."""
+def milestones(host: Host, cursor: str, task_id: str) -> dict[str, float]:
+    """When, after `cursor`, `host` claimed the task and systemd began starting its unit
+    (the journal's clock)."""
+    found: dict[str, float] = {}
     for entry in host.box.journal(f"--after-cursor={cursor}"):
-        if entry.get("MESSAGE_ID") == UNIT_STARTING and entry.get("UNIT") == CLAIM_UNIT:
-            return int(entry["__REALTIME_TIMESTAMP"]) / 1e6
-    raise RuntimeError(f"no dispatch pass started on {host.name}")
+        at = int(entry["__REALTIME_TIMESTAMP"]) / 1e6
+        if entry.get("FLEET_TASK_ID") == task_id and entry.get("FLEET_ACTION") == "claimed":
+            found.setdefault("claimed", at)
+        elif entry.get("MESSAGE_ID") == UNIT_STARTING and entry.get("UNIT") == unit(task_id):
+            found.setdefault("unit", at)
+    if len(found) < 2:
+        raise RuntimeError(f"{task_id}: no claim or no unit starting in {host.name}'s journal")
+    return found
 
 
 def add_latency(person: Host, agent: Host, runs: int) -> dict[str, list[float]]:
     """Figure 2, ms, after one warm-up: add -> coder started, the `fleet add` process, and
-    add -> the agent host's dispatch pass starting (how soon it heard)."""
-    found: dict[str, list[float]] = {"started": [], "process": []}
-    if agent is not person:  # on one host, `fleet add` itself runs the pass
-        found["pass"] = []
+    add -> claimed and add -> its unit starting on the agent's host."""
+    found: dict[str, list[float]] = {"started": [], "process": [], "claimed": [], "unit": []}
     for n in range(runs + 1):
         agent.idle()  # each run starts from a host with no pass under way
         cursor = str(agent.box.journal("-n", "1")[0]["__CURSOR"])
@@ -154,8 +160,8 @@ def add_latency(person: Host, agent: Host, runs: int) -> dict[str, list[float]]:
         if n:
             found["started"].append((at - begin) * 1000)
             found["process"].append((returned - begin) * 1000)
-            if "pass" in found:
-                found["pass"].append((pass_started(agent, cursor) - begin) * 1000)
+            for what, at in milestones(agent, cursor, task_id).items():
+                found[what].append((at - begin) * 1000)
     return found
 
 
@@ -224,9 +230,10 @@ def latencies(tmp: Path, cluster: Any, runs: int) -> None:
                     target if store else None,
                 )
                 report(f"fleet {what} process, {across}, {backend}", samples["process"], "ms")
-                if "pass" in samples:
-                    label = f"fleet add -> host B's dispatch pass starting, {across}, {backend}"
-                    report(label, samples["pass"], "ms")
+                for step, words in (("claimed", "claimed"), ("unit", "its unit starting")):
+                    if step in samples:
+                        label = f"fleet add -> {words} on the agent's host, {across}, {backend}"
+                        report(label, samples[step], "ms")
             medians[backend] = measured
     for what in ("add", "answer"):
         ratio(
