@@ -115,7 +115,7 @@ def two_hosts(tmp: Path, store: str) -> Iterator[tuple[Host, Host]]:
         return
     with boot_hosts(tmp, store, caps=(1, 4), settings=SETTINGS) as (a, b):
         b.box.systemctl("stop", "fleet-claim.timer")
-        holder = a.add("sleep 86400")
+        holder = a.add("sleep 86400", "--host", a.name)  # host-b's listener is as quick
         wait_for(lambda: a.running() == [holder], TIMEOUT_S, "host-a's slot taken")
         yield a, b
         a.quiesce()
