@@ -10,9 +10,10 @@ dashboard wait on inotify as they do on one host, and nothing here decides anyth
 Work that may have become startable is the exception, for speed: on `ready` (and after a
 catch-up) it runs the dispatch pass itself, as `fleet add` does (fleet.claim.dispatch_or_wake,
 the same pass), in this process whose interpreter and imports are warm, instead of leaving it
-to fleet-claim.service's new process and connection; where it cannot (units not installed or
-not its to start, another pass under way, an error) that pokes the wake file as before. Its
-store connection is let go after each pass, so an idle host still holds one connection.
+to fleet-claim.service's new process and connection (a pass under way is waited for, up to
+PASS_WAIT_S); where it cannot (units not installed or not its to start, a pass still under way
+after that, an error) that pokes the wake file as before. Its store connection is let go
+after each pass, so an idle host still holds one connection.
 
 Invariants:
 - it never misses a change for long: notifications sent while it is not listening are lost,
@@ -57,6 +58,9 @@ from fleet.store.dialect import pg_sql
 
 PING_S = 5.0  # how often the connection is proven to deliver
 PING_TIMEOUT_S = 5.0  # how long a query or the ping's echo may take
+# How long a dispatch pass here waits for one under way (fleet-claim.service's, after a task
+# ended) before leaving the work to a new one: far below the watchdog's 30 s.
+PASS_WAIT_S = 5.0
 BACKOFF_MIN = 0.5
 BACKOFF_MAX = 30.0
 CONNECT_TIMEOUT_S = 10
@@ -240,8 +244,9 @@ class Listener:
             self.dispatch()
 
     def dispatch(self) -> None:
-        """A dispatch pass here and now (or the wake file, where this process cannot start
-        the units); the store's connection is closed after it."""
+        """A dispatch pass here and now, or once the pass under way is over (or the wake
+        file, where this process cannot start the units); the store's connection is closed
+        after it."""
         from fleet.audit import Actor
         from fleet.store import open_store
 
@@ -254,7 +259,7 @@ class Listener:
             wake.poke(self.paths)
             return
         try:
-            dispatch_or_wake(self.paths, self._store)
+            dispatch_or_wake(self.paths, self._store, within=PASS_WAIT_S)
         finally:
             self._store.rest()
 
