@@ -99,15 +99,34 @@ class Host:
         return sorted(n.split("@", 1)[1].removesuffix(".service") for n in names)
 
     def idle(self, timeout: float = 60) -> None:
-        """Until no dispatch pass is pending or running here."""
+        """Until no dispatch pass is pending or running here (fleet-claim.service's, or one
+        another program runs, fleet-listen's: the passes' lock is free)."""
 
         def idle() -> bool:
             state = self.box.systemctl("is-active", "fleet-claim.service", check=False).stdout
-            return state.strip() in ("inactive", "failed") and not any(
-                (self.home / "wake").glob("*")
+            return (
+                state.strip() in ("inactive", "failed")
+                and not any((self.home / "wake").glob("*"))
+                and self.lock_free()
             )
 
         wait_for(idle, timeout, f"{self.name}'s dispatcher to be idle")
+
+    def lock_free(self) -> bool:
+        """Whether no dispatch pass holds this host's lock (fleet.claim.dispatch_lock)."""
+        import fcntl
+
+        try:
+            fd = os.open(self.home / "claim.lock", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return True  # no pass ever ran
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # and the lock with it
+        return True
 
     def poke(self) -> None:
         """A dispatch pass here now (what the timer, or a wake-up, would start)."""
