@@ -296,7 +296,13 @@ def test_starting_an_unclaimable_unit_by_hand_changes_nothing(fleet: Fleet) -> N
 def test_the_cap_holds_with_many_tasks_and_concurrent_passes(fleet: Fleet) -> None:
     fleet.setup("max_concurrent=4")
     log = fleet.project / "spans.log"
-    script = f"echo start >> {log}; sleep 0.3; echo end >> {log}"
+    # Each task holds its slot until four have started (for at most 10 s), so a slow machine
+    # still fills the cap once; a cap that let in a fifth would show in the peak.
+    script = (
+        f"echo start >> {log}; for i in $(seq 200); do"
+        f' [ "$(grep -c start {log})" -ge 4 ] && break; sleep 0.05; done;'
+        f" sleep 0.3; echo end >> {log}"
+    )
     batch = "".join(json.dumps({"title": f"t{i}", "description": script}) + "\n" for i in range(50))
     (fleet.project / "batch.jsonl").write_text(batch)
     ids = fleet("add", "--batch", str(fleet.project / "batch.jsonl"), "--cwd", str(fleet.project))
