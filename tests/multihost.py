@@ -135,7 +135,7 @@ def rows(store: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in conn.execute(sql.encode(), params).fetchall()]
 
 
-SETTLED = ("done", "blocked", "cancelled", "suspended", "handed_off")
+SETTLED = ("done", "blocked", "cancelled", "suspended", "handed-off")
 
 
 def wait_settled(
