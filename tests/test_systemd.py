@@ -30,12 +30,21 @@ BIN = os.path.dirname(fleet_exe())
 
 @dataclass
 class Fleet:
+    """fleet in a sandboxed systemd: its FLEET_HOME, and `fleet` run there as root; the
+    tasks it adds run in `project`. tests/multihost.py's hosts are these too."""
+
     box: Sandbox
     home: Path
     project: Path
 
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.box.run(f"{BIN}/fleet", *args, env={"FLEET_HOME": str(self.home)}, check=check)
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        env = {"FLEET_HOME": str(self.home)}
+        return self.box.run(f"{BIN}/fleet", *args, env=env, check=check, timeout=timeout)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "--json").stdout)
 
     def setup(self, *settings: str) -> None:
         if settings:
@@ -43,12 +52,13 @@ class Fleet:
         self("setup", "--system")
 
     def add(self, script: str, *args: str) -> str:
+        """A task whose agent (the command coder) runs `script` in the project."""
         return self(
             "add", script[:40], "--cwd", str(self.project), "-d", script, *args
         ).stdout.strip()
 
     def show(self, task_id: str) -> dict[str, Any]:
-        obj = json.loads(self("show", task_id, "--json").stdout)
+        obj = self.json("show", task_id)
         assert isinstance(obj, dict)
         return obj
 
@@ -68,7 +78,7 @@ class Fleet:
             what=f"fleet-task@{task_id} active",
         )
 
-    def idle(self) -> None:
+    def idle(self, timeout: float = 60) -> None:
         """Until no dispatch pass is pending or running (fleet setup starts one)."""
 
         def idle() -> bool:
@@ -78,7 +88,7 @@ class Fleet:
                 and not (self.home / "wake" / "poke").exists()
             )
 
-        self.box.wait_for(idle, what="the dispatcher to be idle")
+        self.box.wait_for(idle, timeout, "the dispatcher to be idle")
 
     def outcomes(self, task_id: str) -> list[str]:
         return [str(a["outcome"]) for a in self.show(task_id)["attempt_log"]]
