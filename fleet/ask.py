@@ -316,7 +316,7 @@ class Asker:
         return f"Focus set: {text}"
 
     def accept_handoff(self, task: str, accept: bool, reason: str) -> str:
-        from fleet import offers, wake
+        from fleet import offers, stopping, wake
 
         offered = self.store.resolve(inputs.one_line("task", task, 100))
         made = offers.open_offer(self.store, offered)
@@ -327,9 +327,9 @@ class Asker:
             offers.decline(self.store, self.paths, offered, reason, self.task_id)
             return f"Declined offer {made.id}; {offered} goes on as it was. Carry on."
         successor = offers.accept(self.store, self.config, offered)
-        if self.store.get(offered).claimed_by is not None:
-            # The original's attempt is over: its runner stops its agent (as after a handoff).
-            taskdir.ring(taskdir.task_dir(self.paths, offered), taskdir.KILL)
+        # The original's attempt is over: its runner stops its agent (as after a handoff),
+        # on whichever host runs it.
+        stopping.ring(self.paths, self.store, [self.store.get(offered)])
         wake.poke(self.paths)
         return (
             f"Accepted offer {made.id}: {offered} goes on as {successor.id} ({made.coder})."

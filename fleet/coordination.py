@@ -189,7 +189,8 @@ def post(
 ) -> list[Message]:
     """Store the message (checked text) for each of `to`, then ring each one's mail sentinel:
     a coder's hook between tool calls (see `hook`) delivers it only when the sentinel is
-    there, so that a tool call with no mail costs one stat."""
+    there, so that a tool call with no mail costs one stat. An agent on another host has its
+    sentinel rung there, by that host's fleet-listen (fleet.store.pgnotify's `mail`)."""
     sent = store.send_messages(to, text, sender, sender_task)
     for task_id in to:
         taskdir.ring(taskdir.task_dir(paths, task_id), taskdir.MAIL)

@@ -2,10 +2,11 @@
 
 It holds one direct connection with LISTEN on fleet.store.pgnotify's channel and turns each
 notification into the local file the single-host path already uses: the wake file
-(fleet.wake) for `ready`, the task's `.question` sentinel for `answer` and its `.kill` for
-`kill`, when this host holds the claim; and, for every notification, it touches `fleet.lock`
-as a local commit does. So fleet-claim.path, the runner, fleet-ask, `fleet wait` and the
-dashboard wait on inotify as they do on one host, and nothing here decides anything.
+(fleet.wake) for `ready`, the task's `.question` sentinel for `answer`, its `.kill` for
+`kill` and its `.mail` for `mail`, when this host holds the claim; and, for every
+notification, it touches `fleet.lock` as a local commit does. So fleet-claim.path, the
+runner, fleet-ask, `fleet wait` and the dashboard wait on inotify, and a coder's hook looks
+for `.mail`, as they do on one host, and nothing here decides anything.
 
 Work that may have become startable is the exception, for speed: on `ready` (and after a
 catch-up) it runs the dispatch pass itself, as `fleet add` does (fleet.claim.dispatch_or_wake,
@@ -19,7 +20,8 @@ Invariants:
 - it never misses a change for long: notifications sent while it is not listening are lost,
   so after every (re)connection, before it reports itself listening, it catches up from the
   tables (a poke; `.question` of this host's attempts with a settled question; `.kill` of
-  those with a kill request). A spurious ring costs its reader one look at the store;
+  those with a kill request; `.mail` of those with an unread message). A spurious ring costs
+  its reader one look at the store;
 - a connection that stops delivering is noticed within PING_S + PING_TIMEOUT_S: every PING_S
   it notifies itself on a channel of its own and must hear that back within PING_TIMEOUT_S,
   its queries are cut off after that long (the socket is shut down under them), and TCP
@@ -211,20 +213,22 @@ class Listener:
 
     def catch_up(self, conn: psycopg.Connection[Any]) -> None:
         """What notifications may have been missed: a pass, and the sentinels of this host's
-        attempts that a person's answer or kill request concerns."""
+        attempts that a person's answer or kill request, or a message, concerns."""
         with _cut_after(conn, PING_TIMEOUT_S):
             kills = conn.execute(pg_sql(signals.KILLS_OF).encode(), (self.me,)).fetchall()
             settled = conn.execute(pg_sql(signals.SETTLED_OF).encode(), (self.me,)).fetchall()
+            unread = conn.execute(pg_sql(signals.UNREAD_OF).encode(), (self.me,)).fetchall()
         with suppress(FileNotFoundError):
             os.utime(self.paths.lock)  # whatever changed meanwhile: watchers look again
-        self.dispatch()
         self.ring_questions(_task_ids(str(r[0]) for r in settled))
         self.ring_kills(_task_ids(str(r[0]) for r in kills))
+        self.ring_mail(_task_ids(str(r[0]) for r in unread))
+        self.dispatch()
 
     def act(self, payloads: Iterable[str]) -> None:
         """Ring what the notifications ask for, each file once however many asked."""
         heard = ready = False
-        asked: dict[str, list[str]] = {"answer": [], "kill": [], "changed": []}
+        asked: dict[str, list[str]] = {"answer": [], "kill": [], "mail": [], "changed": []}
         for payload in payloads:
             note = pgnotify.parse(payload)
             if note is None:
@@ -240,6 +244,7 @@ class Listener:
                 os.utime(self.paths.lock)
         self.ring_questions(asked["answer"])
         self.ring_kills(asked["kill"])
+        self.ring_mail(asked["mail"])
         if ready:
             self.dispatch()
 
@@ -271,6 +276,10 @@ class Listener:
         for task_id in dict.fromkeys(task_ids):
             if taskdir.ring(taskdir.task_dir(self.paths, task_id), taskdir.KILL):
                 _log(f"{task_id}: a person asked to stop it; rang its {taskdir.KILL}")
+
+    def ring_mail(self, task_ids: Iterable[str]) -> None:
+        for task_id in dict.fromkeys(task_ids):
+            taskdir.ring(taskdir.task_dir(self.paths, task_id), taskdir.MAIL)
 
 
 def serve() -> None:

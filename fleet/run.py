@@ -413,12 +413,15 @@ class Attempt:
 
     def poll_signals(self, directory: Path) -> None:
         """In poll-only mode, at a renewal: what fleet-listen would have rung. A kill request
-        stops the agent; a settled question is rung for the fleet-ask that waits on it."""
+        stops the agent; a settled question is rung for the fleet-ask that waits on it, an
+        unread message for the coder's hook."""
         if self.store.kill_requested(self.task.id, self.task.attempts):
             self.stop("kill-request")
         qid = self.asking_id
         if qid is not None and self.store.question(qid).status != QuestionStatus.PENDING:
             questions.ring(directory)
+        if self.store.has_messages(self.task.id):
+            taskdir.ring(directory, taskdir.MAIL)
 
     def focus_changed(self) -> None:
         """Re-read the agent's focus, after its set_focus rang the task's sentinel."""

@@ -211,9 +211,10 @@ SETTINGS: tuple[Setting, ...] = (
         "listen",
         'How a host with a PostgreSQL store hears of what another host did: "listen", by'
         " fleet-listen.service, which holds one direct connection with LISTEN (new work starts,"
-        ' answers and kills arrive at once); "poll" where LISTEN cannot work (a PgBouncer in'
-        " transaction pooling): no listener, answers and kills arrive with the runner's next"
-        " lease renewal (every lease_seconds / 3) and new work with fleet-claim.timer (30 s).",
+        ' answers, kills and messages arrive at once); "poll" where LISTEN cannot work (a'
+        " PgBouncer in transaction pooling): no listener, answers, kills and messages arrive"
+        " with the runner's next lease renewal (every lease_seconds / 3) and new work with"
+        " fleet-claim.timer (30 s).",
         choices=("listen", "poll"),
     ),
     Setting(

@@ -1,7 +1,8 @@
 """Stopping running attempts wherever they run: this host's through their units (systemd's
-stop, which the runner turns into the coder's stop signal), another host's through a kill
-request in the shared store (fleet.store.signals), which that host's fleet-listen, or its
-runner's next renewal in poll-only mode, turns into the task's `.kill`.
+stop, which the runner turns into the coder's stop signal) or, for a caller that may not stop
+units, their `.kill` sentinel; another host's through a kill request in the shared store
+(fleet.store.signals), which that host's fleet-listen, or its runner's next renewal in
+poll-only mode, turns into the task's `.kill`.
 
 Invariant: an attempt is stopped by the host that runs it, never by another (no host can
 signal another's processes); on a SQLite store every claim is this host's, whatever name the
@@ -41,16 +42,37 @@ def elsewhere(paths: Paths, tasks: Sequence[Task]) -> list[Task]:
     ]
 
 
+def request_elsewhere(paths: Paths, store: Store, tasks: Sequence[Task]) -> list[Task]:
+    """A kill request for each of `tasks` that another host runs; returns those. This host's
+    own are the caller's to stop."""
+    remote = elsewhere(paths, tasks)
+    if remote:
+        store.request_kill([t.id for t in remote])
+    return remote
+
+
 def stop(paths: Paths, store: Store, tasks: Sequence[Task], block: bool) -> list[Task]:
     """Stop the attempts of `tasks` (claimed ones): this host's by their units (waiting for
     their end if `block`), the others' by a kill request; returns the latter."""
     from fleet import systemd
 
-    remote = elsewhere(paths, tasks)
-    if remote:
-        store.request_kill([t.id for t in remote])
+    remote = request_elsewhere(paths, store, tasks)
     here = [t.id for t in tasks if t.claimed_by is not None and t not in remote]
     systemd.stop(systemd.scope_for(paths), here, block=block)
+    return remote
+
+
+def ring(paths: Paths, store: Store, tasks: Sequence[Task]) -> list[Task]:
+    """Stop the attempts of `tasks` (claimed ones) without touching a unit: this host's by
+    their `.kill` sentinel, which their runners turn into the coder's stop signal, the
+    others' by a kill request; returns the latter. For a caller that may not stop units:
+    an agent's fleet-ask, which may run as the agent's own user."""
+    from fleet import taskdir
+
+    remote = request_elsewhere(paths, store, tasks)
+    for task in tasks:
+        if task.claimed_by is not None and task not in remote:
+            taskdir.ring(taskdir.task_dir(paths, task.id), taskdir.KILL)
     return remote
 
 

@@ -39,10 +39,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import fleet_exe
 from tests.sandbox import Sandbox, SandboxError, wait_for
+from tests.test_systemd import Fleet
 
-BIN = os.path.dirname(fleet_exe())
 CLAIMER = Path(__file__).resolve().with_name("claimer.py")
 NAMES = ("host-a", "host-b", "host-c")
 CAPS = (1, 2, 3)
@@ -56,77 +55,20 @@ SETTINGS: dict[str, str | int] = {
 
 
 @dataclass
-class Host:
-    """One machine: its sandbox, its FLEET_HOME, and `fleet` run there as root."""
+class Host(Fleet):
+    """One machine: fleet in its sandbox (tests/test_systemd.py's Fleet: its FLEET_HOME,
+    `fleet` run there as root, the shared project), with its name and cap."""
 
     name: str
-    box: Sandbox
-    home: Path
-    project: Path
     cap: int
     store: str
     """The URL of the database every host shares."""
-
-    def __call__(
-        self, *args: str, check: bool = True, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        env = {"FLEET_HOME": str(self.home)}
-        return self.box.run(f"{BIN}/fleet", *args, env=env, check=check, timeout=timeout)
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self(*args, "--json").stdout)
-
-    def setup(self, *settings: str) -> None:
-        if settings:
-            self("config", "set", *settings)
-        self("setup", "--system")
-
-    def add(self, script: str, *args: str) -> str:
-        """A task whose agent (the command coder) runs `script` in the shared project."""
-        return self(
-            "add", script[:40], "--cwd", str(self.project), "-d", script, *args
-        ).stdout.strip()
-
-    def show(self, task_id: str) -> dict[str, Any]:
-        found = self.json("show", task_id)
-        assert isinstance(found, dict)
-        return found
 
     def running(self) -> list[str]:
         """The ids of the tasks whose unit is active on this host, as its systemd says."""
         units = self.box.systemctl("list-units", "fleet-task@*", "--state=active", "-o", "json")
         names = (str(u["unit"]) for u in json.loads(units.stdout))
         return sorted(n.split("@", 1)[1].removesuffix(".service") for n in names)
-
-    def idle(self, timeout: float = 60) -> None:
-        """Until no dispatch pass is pending or running here (fleet-claim.service's, or one
-        another program runs, fleet-listen's: the passes' lock is free)."""
-
-        def idle() -> bool:
-            state = self.box.systemctl("is-active", "fleet-claim.service", check=False).stdout
-            return (
-                state.strip() in ("inactive", "failed")
-                and not any((self.home / "wake").glob("*"))
-                and self.lock_free()
-            )
-
-        wait_for(idle, timeout, f"{self.name}'s dispatcher to be idle")
-
-    def lock_free(self) -> bool:
-        """Whether no dispatch pass holds this host's lock (fleet.claim.dispatch_lock)."""
-        import fcntl
-
-        try:
-            fd = os.open(self.home / "claim.lock", os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return True  # no pass ever ran
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)  # and the lock with it
-        return True
 
     def poke(self) -> None:
         """A dispatch pass here now (what the timer, or a wake-up, would start)."""
@@ -154,7 +96,7 @@ def rows(store: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in conn.execute(sql.encode(), params).fetchall()]
 
 
-SETTLED = ("done", "blocked", "cancelled", "suspended", "handed_off")
+SETTLED = ("done", "blocked", "cancelled", "suspended", "handed-off")
 
 
 def wait_settled(
@@ -265,7 +207,7 @@ def boot_host(
     runs)."""
     box = Sandbox.boot(directory / "machine", hostname=name)
     try:
-        host = Host(name, box, directory / "home", project, cap, store)
+        host = Host(box, directory / "home", project, name=name, cap=cap, store=store)
         host.home.mkdir(mode=0o700)
         every = {"store": store, "max_concurrent": cap, **SETTINGS, **settings}
         (host.home / "config.toml").write_text(toml(every))

@@ -423,9 +423,10 @@ def test_an_offer_expires_and_the_policy_may_accept_at_once(
 
 
 def test_an_agent_of_the_offered_coder_reads_the_offer_and_accepts_it(
-    fleet: Fleet, store: Store, project: Path
+    fleet: Fleet, store: Store, project: Path, home: Path, backend: str
 ) -> None:
     original, other = running(store, project, "the original"), running(store, project, "other")
+    (home / "tasks" / original).mkdir(parents=True)  # as its runner prepared it
     receiver = running(store, project, "a command agent")
     offered(fleet, original, "--context", "half done")
 
@@ -443,9 +444,16 @@ def test_an_agent_of_the_offered_coder_reads_the_offer_and_accepts_it(
             assert not error and text.startswith("Accepted offer ")
 
     asyncio.run(scenario())
-    assert store.get(original).status == Status.HANDED_OFF
+    task = store.get(original)
+    assert task.status == Status.HANDED_OFF
     (offer,) = store.offers(original)
     assert (offer.status, offer.decided_by) == ("accepted", "agent")
+    # Its attempt is stopped where it runs: on SQLite every claim is this host's, whose
+    # runner hears its `.kill`; on PostgreSQL `runner-…` is another host, asked through the
+    # store as `fleet kill` asks it.
+    rung = (home / "tasks" / original / ".kill").exists()
+    asked = store.kill_requested(original, task.attempts)
+    assert (rung, asked) == ((True, False) if backend == "sqlite" else (False, True))
 
 
 def test_claudes_hook_delivers_messages_with_the_result_of_any_tool(

@@ -267,6 +267,28 @@ def test_a_suspend_on_another_host_stops_the_agent_here_and_keeps_it_suspended(
     b.box.wait_for(lambda: unit_empty(b.box, task_id), what=f"{task_id}'s cgroup empty")
 
 
+def test_a_message_from_another_host_rings_the_agents_mail_here(hosts: Hosts) -> None:
+    """Claude Code's hook hands an agent its messages between tool calls only once `.mail`
+    is there (fleet.coordination): the sender's host cannot make it, B's listener does,
+    and a message sent while the listener was down is rung when it is back."""
+    b = hosts.b
+    task_id = running_on_b(hosts, "7106")
+    mail = b.home / "tasks" / task_id / ".mail"
+    hosts.a("message", task_id, "look at the logs first")
+    b.box.wait_for(mail.exists, what="the message's .mail on B")
+    mail.unlink()  # as the hook does before it delivers
+    b.box.systemctl("stop", LISTEN)
+    hosts.a("message", task_id, "and at the config")
+    assert not mail.exists()
+    b.box.systemctl("start", LISTEN)
+    b.box.wait_for(mail.exists, what="the catch-up's .mail on B")
+    assert [m["text"] for m in json.loads(hosts.a("messages", task_id, "--json").stdout)] == [
+        "look at the logs first",
+        "and at the config",
+    ]
+    hosts.a("kill", task_id)
+
+
 def test_a_kill_requested_while_the_listener_is_down_is_kept_until_it_is_back(
     hosts: Hosts,
 ) -> None:
@@ -299,6 +321,9 @@ def test_poll_only_mode_has_no_listener_and_renewals_bring_answers_and_kills(
     assert "answered: by renewal" in b.show(asking)["reason"]
     sleeping = b.add("sleep 7103")
     b.wait_running(sleeping)
+    hosts.a("message", sleeping, "from afar")
+    mail = b.home / "tasks" / sleeping / ".mail"
+    b.box.wait_for(mail.exists, what="the message's .mail, rung by a renewal")
     assert hosts.a("kill", sleeping).returncode == 0
     assert_killed(hosts, sleeping, "7103")
 
@@ -422,6 +447,8 @@ def test_the_triggers_notify_what_another_host_acts_on_and_only_once_committed(
         assert ear() == ["changed"]  # watchers everywhere look again
         store.answer(q.id, "person", "go")
         assert ear() == [f"answer host-1 {first.id}"]
+        store.send_messages([second.id, first.id], "look at the logs", "person", None)
+        assert ear() == [f"mail host-1 {second.id}", f"mail host-1 {first.id}"]
         unclaimed = next(t for t in added if t.id not in (first.id, second.id))
         asked = store.request_kill([second.id, unclaimed.id, first.id])
         assert asked == sorted([(first.id, "host-1"), (second.id, "host-1")])
@@ -468,11 +495,14 @@ def test_the_listener_rings_only_well_formed_ids_of_its_own_host(home: Path, url
             "kill another-host fl-bbbbbb",  # not ours to stop
             "hello",  # not fleet's
             f"answer {me} fl-aaaaaa",
+            f"mail {me} fl-aaaaaa",
+            "mail another-host fl-bbbbbb",  # its agent is not here
         ]
     )
     assert not (mine / ".kill").exists() and not (mine / "x" / ".kill").exists()
     assert not (other / ".kill").exists()
     assert (mine / ".question").exists()
+    assert (mine / ".mail").exists() and not (other / ".mail").exists()
     assert not (home / "wake" / "poke").exists()
     listener.act([f"kill {me} fl-aaaaaa", "ready"])
     assert (mine / ".kill").exists() and (home / "wake" / "poke").exists()

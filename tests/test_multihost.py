@@ -316,3 +316,43 @@ def test_answer_and_kill_on_host_a_reach_agents_on_host_b(three_hosts: list[Host
     assert [(x["owner"], x["outcome"]) for x in shown["attempt_log"]] == [("host-b", "killed")]
     for host in three_hosts:
         host.quiesce()
+
+
+HANDOFF_AGENT = Path(__file__).parent / "fixtures" / "handoff_agent.py"
+
+
+def test_an_agent_on_host_a_accepting_a_handoff_stops_the_original_on_host_b(
+    host_factory: Callable[..., list[Host]],
+) -> None:
+    a, b = host_factory(caps=(1, 1), names=("host-a", "host-b"))
+    original = a.add("sleep 7302", "--host", "host-b")
+    wait_for(lambda: b.running() == [original], 60, "the original running on host-b")
+    offer = a("handoff", original, "--to", "command", "--offer").stdout.strip()
+    # The receiving agent runs on host-a: its fleet-ask accepts, and the original's attempt
+    # on host-b must end as after a handoff on one host.
+    receiver = a.add(f"{sys.executable} {HANDOFF_AGENT} {original}", "--host", "host-a")
+    assert wait_settled([a, b], [original, receiver]) == {
+        original: "handed-off",
+        receiver: "done",
+    }
+    ((successor,),) = rows(a.store, "SELECT id FROM tasks WHERE predecessor = %s", original)
+    transcript = a.box.run("journalctl", "-u", f"fleet-task@{receiver}", "-o", "cat").stdout
+    said = f"accepted: Accepted offer {offer}: {original} goes on as {successor} (command)."
+    assert said in transcript, transcript
+    shown = a.show(original)
+    assert [(x["owner"], x["outcome"]) for x in shown["attempt_log"]] == [("host-b", "handed-off")]
+    trail = [json.loads(line) for line in a("history", original, "--nl").stdout.splitlines()]
+    (asked,) = [e for e in trail if e["action"] == "kill-requested"]
+    assert asked["detail"]["host"] == "host-b"
+    unit = f"fleet-task@{original}.service"
+    assert b.box.systemctl("is-active", unit, check=False).stdout.strip() in ("inactive", "failed")
+    # The successor is claimed once the original's attempt has ended.
+    wait_for(
+        lambda: (
+            rows(a.store, "SELECT claimed_by FROM tasks WHERE id = %s", successor)[0][0] is not None
+        ),
+        60,
+        "the successor claimed",
+    )
+    for host in (a, b):
+        host.quiesce()

@@ -30,12 +30,21 @@ BIN = os.path.dirname(fleet_exe())
 
 @dataclass
 class Fleet:
+    """fleet in a sandboxed systemd: its FLEET_HOME, and `fleet` run there as root; the
+    tasks it adds run in `project`. tests/multihost.py's hosts are these too."""
+
     box: Sandbox
     home: Path
     project: Path
 
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.box.run(f"{BIN}/fleet", *args, env={"FLEET_HOME": str(self.home)}, check=check)
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        env = {"FLEET_HOME": str(self.home)}
+        return self.box.run(f"{BIN}/fleet", *args, env=env, check=check, timeout=timeout)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "--json").stdout)
 
     def setup(self, *settings: str) -> None:
         if settings:
@@ -43,12 +52,13 @@ class Fleet:
         self("setup", "--system")
 
     def add(self, script: str, *args: str) -> str:
+        """A task whose agent (the command coder) runs `script` in the project."""
         return self(
             "add", script[:40], "--cwd", str(self.project), "-d", script, *args
         ).stdout.strip()
 
     def show(self, task_id: str) -> dict[str, Any]:
-        obj = json.loads(self("show", task_id, "--json").stdout)
+        obj = self.json("show", task_id)
         assert isinstance(obj, dict)
         return obj
 
@@ -68,17 +78,33 @@ class Fleet:
             what=f"fleet-task@{task_id} active",
         )
 
-    def idle(self) -> None:
-        """Until no dispatch pass is pending or running (fleet setup starts one)."""
+    def idle(self, timeout: float = 60) -> None:
+        """Until no dispatch pass is pending or running (fleet setup starts one), in
+        fleet-claim.service or in another program (fleet-listen's: the passes' lock is free)."""
 
         def idle() -> bool:
             state = self.box.systemctl("is-active", "fleet-claim.service", check=False).stdout
             return (
                 state.strip() in ("inactive", "failed")
                 and not (self.home / "wake" / "poke").exists()
+                and self.lock_free()
             )
 
-        self.box.wait_for(idle, what="the dispatcher to be idle")
+        self.box.wait_for(idle, timeout, "the dispatcher to be idle")
+
+    def lock_free(self) -> bool:
+        """Whether no dispatch pass holds the passes' lock (fleet.claim.dispatch_lock)."""
+        try:
+            fd = os.open(self.home / "claim.lock", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return True  # no pass ever ran
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # and the lock with it
+        return True
 
     def outcomes(self, task_id: str) -> list[str]:
         return [str(a["outcome"]) for a in self.show(task_id)["attempt_log"]]
@@ -296,7 +322,13 @@ def test_starting_an_unclaimable_unit_by_hand_changes_nothing(fleet: Fleet) -> N
 def test_the_cap_holds_with_many_tasks_and_concurrent_passes(fleet: Fleet) -> None:
     fleet.setup("max_concurrent=4")
     log = fleet.project / "spans.log"
-    script = f"echo start >> {log}; sleep 0.3; echo end >> {log}"
+    # Each task holds its slot until four have started (for at most 10 s), so a slow machine
+    # still fills the cap once; a cap that let in a fifth would show in the peak.
+    script = (
+        f"echo start >> {log}; for i in $(seq 200); do"
+        f' [ "$(grep -c start {log})" -ge 4 ] && break; sleep 0.05; done;'
+        f" sleep 0.3; echo end >> {log}"
+    )
     batch = "".join(json.dumps({"title": f"t{i}", "description": script}) + "\n" for i in range(50))
     (fleet.project / "batch.jsonl").write_text(batch)
     ids = fleet("add", "--batch", str(fleet.project / "batch.jsonl"), "--cwd", str(fleet.project))

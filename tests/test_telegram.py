@@ -18,7 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,10 +29,12 @@ import pytest
 from fleet import alerts
 from fleet.config import load
 from fleet.errors import ConfigError
+from fleet.model import QuestionKind, TaskSpec
 from fleet.paths import resolve
 from fleet.store import open_store
 from fleet.telegram import text
 from fleet.telegram.token import read as read_token
+from tests import test_listen
 from tests.conftest import Fleet, fleet_exe, run_fleet
 from tests.sandbox import wait_for
 from tests.servers import telegram
@@ -511,6 +513,41 @@ def test_commands_act_as_the_cli_does_and_name_the_person(
     one_message(bot, CHAT, "/new TITLE")
     bot.say(CHAT, USER, "/frobnicate")
     one_message(bot, CHAT, "unknown command /frobnicate")
+
+
+# On a store that several hosts share: the `url` (FLEET_STORE) and `ear` of test_listen.
+url = test_listen.url
+ear = test_listen.ear
+
+
+def test_a_kill_and_an_answer_for_another_hosts_task_go_to_that_host(
+    url: str,
+    ear: Callable[[], list[str]],
+    tg: Fleet,
+    bot: TelegramServer,
+    poller: Poller,
+    project: Path,
+) -> None:
+    """fleet-telegram's own store connection asks the host that runs the task (a kill
+    request, fleet.stopping) and notifies the host whose agent waits for the answer."""
+    store = open_store(resolve())
+    try:
+        (task,) = store.add([TaskSpec("far away", str(project), coder="command")])
+        claimed = store.claim_task(task.id, "test-host", 60, "command", None)
+        assert claimed is not None
+        q = store.ask(
+            task.id, QuestionKind.INPUT, "Which branch?", (), False, "2099-01-01T00:00:00Z"
+        )
+        ear()
+        bot.say(CHAT, USER, f"/answer {q.id} main")
+        one_message(bot, CHAT, f"{q.id} answered")
+        assert ear() == [f"answer test-host {task.id}"]
+        bot.say(CHAT, USER, f"/kill {task.id}")
+        one_message(bot, CHAT, f"Stopping {task.id}")
+        assert ear() == [f"kill test-host {task.id}"]
+        assert store.kill_requested(task.id, claimed.attempts)
+    finally:
+        store.close()
 
 
 def test_new_without_a_directory_is_refused_with_the_fix(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from fleet.store import open_store
 from fleet.store.base import OutgoingSpec
 from fleet.web import access, text
 from fleet.web.app import create
+from tests import test_listen
 from tests.conftest import Fleet, run_fleet
 
 BASE = "http://127.0.0.1:8768"
@@ -252,6 +253,42 @@ def test_bulk_retry_and_cancel_go_task_by_task(web: Web, fleet: Fleet, project: 
     assert "retry: 1 of 2" in response.text and f"refused: {b}" in response.text
     assert fleet.show(a)["status"] == "ready"
     assert web.post("/tasks/bulk", {"verb": "retry"}).status_code == 400
+
+
+# On a store that several hosts share: the `url` (FLEET_STORE) and `ear` of test_listen.
+url = test_listen.url
+ear = test_listen.ear
+
+
+def test_stops_and_answers_of_another_hosts_task_go_to_that_host(
+    url: str, ear: Callable[[], list[str]], web: Web, fleet: Fleet, project: Path
+) -> None:
+    """Each stop asks the host that runs the task, through the store (fleet.stopping: a kill
+    request, which notifies that host's fleet-listen), and an answer notifies the host
+    whose agent waits: nothing here could reach another host's units or files."""
+    store = open_store(resolve())
+    try:
+        for verb, form in (
+            ("kill", {}),
+            ("cancel", {"reason": "not needed"}),
+            ("suspend", {"summary": "later"}),
+            ("handoff", {"to": "command"}),
+        ):
+            task_id = fleet.add(verb, "--cwd", str(project))
+            claimed(task_id)  # by test-host, not this one
+            ear()
+            response = web.post(f"/tasks/{task_id}/{verb}", form)
+            assert response.status_code == 200, (verb, response.text)
+            assert f"kill test-host {task_id}" in ear(), verb
+            assert store.kill_requested(task_id, 1), verb
+        task_id = fleet.add("asks", "--cwd", str(project))
+        claimed(task_id)
+        q = store.ask(task_id, QuestionKind.INPUT, "Why?", [], False, "2099-01-01T00:00:00Z")
+        ear()
+        assert web.post(f"/questions/{q.id}/answer", {"text": "because"}).status_code == 200
+        assert ear() == [f"answer test-host {task_id}"]
+    finally:
+        store.close()
 
 
 def test_task_actions_are_the_command_lines(web: Web, fleet: Fleet, project: Path) -> None:

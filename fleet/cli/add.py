@@ -172,45 +172,19 @@ MAX_BATCH = 64 << 20  # bytes: some 10,000 tasks with long descriptions; more is
 )
 @output_options
 @pass_app
-def add(
-    app: App,
-    title: str | None,
-    description: str | None,
-    cwd: str | None,
-    coder: str | None,
-    model: str | None,
-    priority: int,
-    after: tuple[str, ...],
-    labels: tuple[str, ...],
-    parent: str | None,
-    parent_waits: bool,
-    isolation: str | None,
-    base: str | None,
-    merge: str | None,
-    max_cost: float | None,
-    max_tokens: int | None,
-    sandbox: str | None,
-    limits: tuple[str, ...],
-    host: str | None,
-    needs: tuple[str, ...],
-    batch: str | None,
-    fmt: str | None,
-) -> None:
+def add(app: App, /, fmt: str | None, **params: Any) -> None:
     """Add a task to the queue and print its id.
 
     The task becomes ready at once and runs as soon as a slot is free and every task given
     with --after is done.
     """
-    specs, lines, source = build(
-        app, title, description, cwd, coder, model, priority, after, labels, parent,
-        parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox, limits, host, needs,
-        batch,
-    )  # fmt: skip
+    args = AddArgs(**params)
+    specs, lines, source = build(app, args)
     tasks = add_tasks(app, specs, lines, source)
     out = fmt_of(fmt)
     if out == "table":
         sys.stdout.write("".join(t.id + "\n" for t in tasks))
-    elif batch is None and out == "json":
+    elif args.batch is None and out == "json":
         emit_object(tasks[0].to_json())
     else:
         emit_objects((t.to_json() for t in tasks), out)
@@ -222,86 +196,83 @@ def specs_from_args(app: App, args: Sequence[str]) -> list[TaskSpec]:
     ctx = add.make_context("fleet add", list(args), obj=app)
     with ctx:
         params = {k: v for k, v in ctx.params.items() if k != "fmt"}
-        return build(app, **params)[0]
+        return build(app, AddArgs(**params))[0]
 
 
-def build(
-    app: App,
-    title: str | None,
-    description: str | None,
-    cwd: str | None,
-    coder: str | None,
-    model: str | None,
-    priority: int,
-    after: tuple[str, ...],
-    labels: tuple[str, ...],
-    parent: str | None,
-    parent_waits: bool,
-    isolation: str | None,
-    base: str | None,
-    merge: str | None,
-    max_cost: float | None,
-    max_tokens: int | None,
-    sandbox: str | None,
-    limits: tuple[str, ...],
-    host: str | None,
-    needs: tuple[str, ...],
-    batch: str | None,
-) -> tuple[list[TaskSpec], list[int], str]:
+class AddArgs(NamedTuple):
+    """`fleet add`'s arguments as click parses them (the option names are the fields)."""
+
+    title: str | None
+    description: str | None
+    cwd: str | None
+    coder: str | None
+    model: str | None
+    priority: int
+    after: tuple[str, ...]
+    labels: tuple[str, ...]
+    parent: str | None
+    parent_waits: bool
+    isolation: str | None
+    base: str | None
+    merge: str | None
+    max_cost: float | None
+    max_tokens: int | None
+    sandbox: str | None
+    limits: tuple[str, ...]
+    host: str | None
+    needs: tuple[str, ...]
+    batch: str | None
+
+
+def build(app: App, a: AddArgs) -> tuple[list[TaskSpec], list[int], str]:
     """The specs `fleet add`'s arguments ask for, the batch's line numbers and its source."""
     from fleet import affinity, inputs
     from fleet.limits import pairs
 
-    own = pairs(limits)
-    host = affinity.host_name(host) if host is not None else None
-    needs = affinity.labels(needs)
-    lines: list[int] = []
-    source = ""
-    if batch is not None and (parent is not None or parent_waits):
+    own = tuple(pairs(a.limits).items())
+    host = affinity.host_name(a.host) if a.host is not None else None
+    needs = affinity.labels(a.needs)
+    if a.batch is not None and (a.parent is not None or a.parent_waits):
         raise InputError(
             "--parent and --parent-waits do not apply to --batch",
             hint="give the keys parent and parent_waits on the batch's lines",
         )
-    if parent_waits and parent is None:
+    if a.parent_waits and a.parent is None:
         raise InputError("--parent-waits needs --parent", hint="fleet add TITLE --parent ID ...")
-    if batch is not None:
-        if title is not None:
-            raise InputError("give either a TITLE or --batch, not both")
-        source = "standard input" if batch == "-" else batch
-        if isolation is not None or base is not None or merge is not None:
-            raise InputError(
-                "--isolation, --base and --merge do not apply to --batch",
-                hint="give the keys isolation, base and merge on the batch's lines",
-            )
-        if max_cost is not None or max_tokens is not None:
-            raise InputError(
-                "--max-cost and --max-tokens do not apply to --batch",
-                hint="give the keys max_cost_usd and max_tokens on the batch's lines",
-            )
-        given = click.get_current_context().get_parameter_source("priority")
-        defaults = Defaults(
-            cwd=where(cwd, host) if cwd else None,
-            coder=app.config.check_coder(inputs.name("coder", coder)) if coder else None,
-            model=inputs.name("model", model) if model else None,
-            priority=priority if given != click.core.ParameterSource.DEFAULT else DEFAULT_PRIORITY,
-            labels=tuple(dict.fromkeys(inputs.label(x) for x in labels)),
-            after=tuple(dict.fromkeys(after)),
-            sandbox=sandbox,
-            limits=tuple(own.items()),
-            host=host,
-            needs=needs,
-        )
-        specs, lines = read_batch(app, batch, defaults)
-    else:
-        if title is None:
+    if a.batch is None:
+        if a.title is None:
             raise InputError("missing TITLE", hint='fleet add "what to do" --cwd DIR')
-        one = One(
-            title, inputs.description(description), cwd, coder, model, priority, after, labels,
-            parent, parent_waits, isolation, base, merge, max_cost, max_tokens, sandbox,
-            tuple(own.items()), host, needs,
-        )  # fmt: skip
-        specs = [spec_of(app, one)]
-    return specs, lines, source
+        fields = {k: v for k, v in a._asdict().items() if k != "batch"}
+        fields.update(description=inputs.description(a.description), limits=own)
+        fields.update(host=host, needs=needs)
+        return [spec_of(app, One(**fields))], [], ""
+    if a.title is not None:
+        raise InputError("give either a TITLE or --batch, not both")
+    if a.isolation is not None or a.base is not None or a.merge is not None:
+        raise InputError(
+            "--isolation, --base and --merge do not apply to --batch",
+            hint="give the keys isolation, base and merge on the batch's lines",
+        )
+    if a.max_cost is not None or a.max_tokens is not None:
+        raise InputError(
+            "--max-cost and --max-tokens do not apply to --batch",
+            hint="give the keys max_cost_usd and max_tokens on the batch's lines",
+        )
+    given = click.get_current_context().get_parameter_source("priority")
+    defaults = Defaults(
+        cwd=where(a.cwd, host) if a.cwd else None,
+        coder=app.config.check_coder(inputs.name("coder", a.coder)) if a.coder else None,
+        model=inputs.name("model", a.model) if a.model else None,
+        priority=a.priority if given != click.core.ParameterSource.DEFAULT else DEFAULT_PRIORITY,
+        labels=tuple(dict.fromkeys(inputs.label(x) for x in a.labels)),
+        after=tuple(dict.fromkeys(a.after)),
+        sandbox=a.sandbox,
+        limits=own,
+        host=host,
+        needs=needs,
+    )
+    specs, lines = read_batch(app, a.batch, defaults)
+    return specs, lines, "standard input" if a.batch == "-" else a.batch
 
 
 class One(NamedTuple):

@@ -141,9 +141,8 @@ def _stop(app: App, task_id: str, block: bool) -> None:
     from fleet import stopping, systemd, taskdir
     from fleet.errors import FleetError
 
-    remote = stopping.elsewhere(app.paths, [app.store.get(task_id)])
+    remote = stopping.request_elsewhere(app.paths, app.store, [app.store.get(task_id)])
     if remote:
-        app.store.request_kill([task_id])
         if block:
             stopping.await_ends(app.store, remote, stopping.default_timeout(app.config))
         return

@@ -19,6 +19,9 @@ time):
   usually from another host): HOST rings their `.question`;
 - `kill HOST ID...`: a person asked HOST to stop these tasks' running attempts (the rows of
   `kill_requests`): HOST rings their `.kill`;
+- `mail HOST ID...`: messages were stored for the agents of these tasks, claimed by HOST
+  (from another agent or a person, on any host): HOST rings their `.mail`, which a coder's
+  hook between tool calls waits for (fleet.coordination);
 - `changed`: a task settled (an attempt ended, or a person closed, blocked, cancelled or
   suspended it) or a question was asked. Nothing to start or ring; like every notification it
   makes fleet-listen touch the local `fleet.lock`, which is what a local commit touches, so
@@ -36,7 +39,7 @@ from typing import NamedTuple
 CHANNEL = "fleet"
 BATCH_BYTES = 4000  # a payload's bound; PostgreSQL refuses 8,000 and more
 
-KINDS = ("ready", "answer", "kill", "changed")
+KINDS = ("ready", "answer", "kill", "mail", "changed")
 
 _BATCHED = f"""CREATE FUNCTION fleet_notify(kind text, host text, ids text[]) RETURNS void
     LANGUAGE plpgsql AS $$
@@ -127,6 +130,27 @@ CHANGED = (
     " EXECUTE FUNCTION fleet_notify_changed()",
     "CREATE TRIGGER fleet_asked AFTER INSERT ON questions FOR EACH STATEMENT"
     " EXECUTE FUNCTION fleet_notify_changed()",
+)
+
+
+_MAIL = """CREATE FUNCTION fleet_notify_mail() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    one record;
+BEGIN
+    FOR one IN SELECT t.claimed_by AS owner, array_agg(DISTINCT t.id ORDER BY t.id) AS ids
+        FROM sent s JOIN tasks t ON t.id = s.recipient
+        WHERE t.claimed_by IS NOT NULL GROUP BY t.claimed_by
+    LOOP
+        PERFORM fleet_notify('mail', one.owner, one.ids);
+    END LOOP;
+    RETURN NULL;
+END $$"""
+
+# Later again: messages to an agent on another host.
+MAIL = (
+    _MAIL,
+    "CREATE TRIGGER fleet_mailed AFTER INSERT ON messages"
+    " REFERENCING NEW TABLE AS sent FOR EACH STATEMENT EXECUTE FUNCTION fleet_notify_mail()",
 )
 
 

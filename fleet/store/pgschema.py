@@ -386,6 +386,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 21: `changed` for the store's watchers on every host (fleet.store.pgnotify).
     pgnotify.CHANGED,
+    # 22: `mail` for the host whose agent a message is for (fleet.store.pgnotify).
+    pgnotify.MAIL,
 )
 
 VERSION = len(MIGRATIONS)

@@ -488,6 +488,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # PostgreSQL's notification of settled tasks and new questions (fleet.store.pgnotify);
     # nothing here: a SQLite store's watchers see its commits on fleet.lock.
     (),
+    # PostgreSQL's notification of messages for an agent on another host; nothing here: on
+    # SQLite every agent is on this host, whose sender rings its `.mail` itself.
+    (),
 )
 
 VERSION = len(MIGRATIONS)

@@ -11,7 +11,8 @@ Invariants:
 
 The interface is `Signalling` (part of `fleet.store.base.Store`); `SQLSignals` is its
 implementation on either backend's transactions and audit trail. `KILLS_OF` and
-`SETTLED_OF` are what fleet-listen asks after every (re)connection, on its own connection.
+`SETTLED_OF` (and `UNREAD_OF`, of fleet.store.coord's messages) are what fleet-listen asks
+after every (re)connection, on its own connection.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ KILLS_OF = (
 SETTLED_OF = (
     "SELECT DISTINCT t.id FROM tasks t JOIN questions q ON q.task = t.id AND q.attempt ="
     " t.attempts WHERE t.claimed_by = ? AND q.status <> 'pending' ORDER BY t.id"
+)
+
+# The tasks of `owner` (?) with a message their agent has not read: its `.mail` may be due.
+UNREAD_OF = (
+    "SELECT DISTINCT t.id FROM tasks t JOIN messages m ON m.recipient = t.id AND m.read_at IS NULL"
+    " WHERE t.claimed_by = ? ORDER BY t.id"
 )
 
 
