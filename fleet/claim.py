@@ -18,7 +18,8 @@ themselves when they can start this queue's units (`dispatch_or_wake`): that tak
 unit and one interpreter start-up off the way from `fleet add` to a running agent. Whenever
 they cannot (units not installed, no reachable manager, another pass holding the lock, a system
 queue and a user who may not start its units) they poke the wake file instead, so the outcome is
-the same pass, only run by fleet-claim.service.
+the same pass, only run by fleet-claim.service. fleet-listen runs it the same way when another
+host's commit made work ready, waiting a little for a pass under way rather than poking.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -51,17 +53,34 @@ class Busy(Exception):
     """Another dispatch pass holds the lock."""
 
 
+LOCK_POLL_S = 0.01  # how often a pass given `within` seconds tries the lock again
+
+
 @contextmanager
-def dispatch_lock(paths: Paths, wait: bool = True) -> Iterator[None]:
+def dispatch_lock(paths: Paths, wait: bool = True, within: float = 0.0) -> Iterator[None]:
+    """The lock of this host's passes; with `wait` false, Busy unless it is free within
+    `within` seconds (never blocking longer)."""
     fd = os.open(paths.home / "claim.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            raise Busy from None
+        if wait:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            _lock_within(fd, within)
         yield
     finally:
         os.close(fd)
+
+
+def _lock_within(fd: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise Busy from None
+        time.sleep(LOCK_POLL_S)
 
 
 def heartbeat(store: Store, config: Config, me: str) -> None:
@@ -137,10 +156,18 @@ def settled_late(paths: Paths, store: Store, config: Config, task: Task) -> bool
     return reap.settle(paths, store, config, task.id) is not None
 
 
-def dispatch(paths: Paths, store: Store, config: Config, scope: Scope, wait: bool = True) -> Pass:
-    """One pass; with `wait=False`, raises Busy at once if another pass is under way."""
+def dispatch(
+    paths: Paths,
+    store: Store,
+    config: Config,
+    scope: Scope,
+    wait: bool = True,
+    within: float = 0.0,
+) -> Pass:
+    """One pass; with `wait=False`, raises Busy if another pass is still under way after
+    `within` seconds (at once by default)."""
     me = owner()
-    with dispatch_lock(paths, wait):
+    with dispatch_lock(paths, wait, within):
         wake.consume(paths)
         try:
             heartbeat(store, config, me)
@@ -190,17 +217,19 @@ def can_start_units(paths: Paths, scope: Scope) -> bool:
     return bool(runtime) and os.path.exists(f"{runtime}/systemd/private")
 
 
-def dispatch_or_wake(paths: Paths, store: Store) -> None:
+def dispatch_or_wake(paths: Paths, store: Store, within: float = 0.0) -> None:
     """Start what is ready now, in this process, or leave that to fleet-claim.service.
 
-    Never raises for the dispatch itself: the work is already in the queue, and the wake file
-    makes sure a pass runs."""
+    A pass under way is waited for up to `within` seconds (a long-lived caller, fleet-listen,
+    whose pass then starts sooner than a new fleet-claim process would), else left to finish
+    and the wake file poked. Never raises for the dispatch itself: the work is already in the
+    queue, and the wake file makes sure a pass runs."""
     from fleet.config import load_or_last_good
 
     scope = systemd.scope_for(paths)
     if can_start_units(paths, scope):
         try:
-            dispatch(paths, store, load_or_last_good(paths), scope, wait=False)
+            dispatch(paths, store, load_or_last_good(paths), scope, wait=False, within=within)
             return
         except Busy:
             pass  # the pass under way may have read the queue already: poke for another

@@ -133,9 +133,11 @@ def telegram() -> None:
 @click.command("fleet-listen", context_settings=_SETTINGS)
 def listen() -> None:
     """Hear a PostgreSQL store's notifications for this host and turn them into its local
-    wake-ups: new ready work pokes the dispatcher (fleet-claim.path), an answer to a question
-    of a task running here rings the task's `.question` (the waiting fleet-ask wakes), a kill
-    requested from another host rings its `.kill` (the runner stops the agent).
+    wake-ups: for new ready work it runs the dispatch pass itself, as `fleet add` does (or,
+    where it cannot start the units or another pass is under way, pokes fleet-claim.path), an
+    answer to a question of a task running here rings the task's `.question` (the waiting
+    fleet-ask wakes), a kill requested from another host rings its `.kill` (the runner stops
+    the agent).
 
     fleet-listen.service runs it, one per host, installed by `fleet setup` when the store is
     PostgreSQL and wakeups is "listen". It keeps one connection, which must be direct: LISTEN

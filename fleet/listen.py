@@ -8,6 +8,14 @@ notification, it touches `fleet.lock` as a local commit does. So fleet-claim.pat
 runner, fleet-ask, `fleet wait` and the dashboard wait on inotify, and a coder's hook looks
 for `.mail`, as they do on one host, and nothing here decides anything.
 
+Work that may have become startable is the exception, for speed: on `ready` (and after a
+catch-up) it runs the dispatch pass itself, as `fleet add` does (fleet.claim.dispatch_or_wake,
+the same pass), in this process whose interpreter and imports are warm, instead of leaving it
+to fleet-claim.service's new process and connection (a pass under way is waited for, up to
+PASS_WAIT_S); where it cannot (units not installed or not its to start, a pass still under way
+after that, an error) that pokes the wake file as before. Its store connection is let go
+after each pass, so an idle host still holds one connection.
+
 Invariants:
 - it never misses a change for long: notifications sent while it is not listening are lost,
   so after every (re)connection, before it reports itself listening, it catches up from the
@@ -42,15 +50,19 @@ from typing import Any
 import psycopg
 
 from fleet import questions, taskdir, wake
-from fleet.errors import ConfigError
+from fleet.claim import dispatch_or_wake
+from fleet.errors import ConfigError, FleetError
 from fleet.host import owner
 from fleet.notify import Notifier
 from fleet.paths import Paths
-from fleet.store import pgnotify, signals
+from fleet.store import Store, pgnotify, signals
 from fleet.store.dialect import pg_sql
 
 PING_S = 5.0  # how often the connection is proven to deliver
 PING_TIMEOUT_S = 5.0  # how long a query or the ping's echo may take
+# How long a dispatch pass here waits for one under way (fleet-claim.service's, after a task
+# ended) before leaving the work to a new one: far below the watchdog's 30 s.
+PASS_WAIT_S = 5.0
 BACKOFF_MIN = 0.5
 BACKOFF_MAX = 30.0
 CONNECT_TIMEOUT_S = 10
@@ -119,6 +131,7 @@ class Listener:
         self._watchdog = self.notifier.watchdog_interval()
         self._next_watchdog = 0.0
         self.listened = False  # whether the current connection got as far as listening
+        self._store: Store | None = None  # the dispatch passes', opened at the first
 
     def _scrub(self, e: BaseException) -> str:
         text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
@@ -207,10 +220,10 @@ class Listener:
             unread = conn.execute(pg_sql(signals.UNREAD_OF).encode(), (self.me,)).fetchall()
         with suppress(FileNotFoundError):
             os.utime(self.paths.lock)  # whatever changed meanwhile: watchers look again
-        wake.poke(self.paths)
         self.ring_questions(_task_ids(str(r[0]) for r in settled))
         self.ring_kills(_task_ids(str(r[0]) for r in kills))
         self.ring_mail(_task_ids(str(r[0]) for r in unread))
+        self.dispatch()
 
     def act(self, payloads: Iterable[str]) -> None:
         """Ring what the notifications ask for, each file once however many asked."""
@@ -229,11 +242,31 @@ class Listener:
             # What a local commit touches: this host's watchers of the store look again.
             with suppress(FileNotFoundError):
                 os.utime(self.paths.lock)
-        if ready:
-            wake.poke(self.paths)
         self.ring_questions(asked["answer"])
         self.ring_kills(asked["kill"])
         self.ring_mail(asked["mail"])
+        if ready:
+            self.dispatch()
+
+    def dispatch(self) -> None:
+        """A dispatch pass here and now, or once the pass under way is over (or the wake
+        file, where this process cannot start the units); the store's connection is closed
+        after it."""
+        from fleet.audit import Actor
+        from fleet.store import open_store
+
+        self._tick()
+        try:
+            if self._store is None:
+                self._store = open_store(self.paths, Actor("fleet-claim", "fleet-claim"))
+        except FleetError as e:
+            _log(f"cannot run a dispatch pass here, fleet-claim will: {e.message}")
+            wake.poke(self.paths)
+            return
+        try:
+            dispatch_or_wake(self.paths, self._store, within=PASS_WAIT_S)
+        finally:
+            self._store.rest()
 
     def ring_questions(self, task_ids: Iterable[str]) -> None:
         for task_id in dict.fromkeys(task_ids):

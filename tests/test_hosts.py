@@ -346,6 +346,33 @@ def test_a_dispatch_pass_records_its_host_and_refuses_a_name_another_machine_hol
     assert not row["ok"] and "unique hostname" in row["fix"]
 
 
+def test_a_pass_given_time_waits_for_the_one_under_way_and_one_without_is_busy(
+    backend: str, home: Path
+) -> None:
+    paths = resolve()
+    config = load(paths)
+    s = open_store(paths)
+    waited: list[claim.Pass] = []
+    try:
+        with claim.dispatch_lock(paths):  # another pass's
+            with pytest.raises(claim.Busy):
+                claim.dispatch(paths, s, config, "user", wait=False)
+            waiter = threading.Thread(
+                target=lambda: waited.append(
+                    claim.dispatch(paths, s, config, "user", wait=False, within=60)
+                )
+            )
+            waiter.start()
+            waiter.join(0.3)
+            assert waiter.is_alive() and not waited  # still waiting, not given up
+        waiter.join(60)
+    finally:
+        s.close()
+    # It ran once the other pass let go: the pass fleet-listen would otherwise leave to
+    # a new fleet-claim process.
+    assert not waiter.is_alive() and [p.started for p in waited] == [[]]
+
+
 def test_host_labels_are_labels(home: Path) -> None:
     with pytest.raises(ConfigError, match=r"--set host_labels: .* not 'two words'"):
         load(resolve(), flags=('host_labels=["gpu", "two words"]',))

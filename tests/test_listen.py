@@ -127,6 +127,9 @@ def test_a_task_added_on_another_host_starts_here_without_the_timer(hosts: Hosts
     assert b.wait(task_id) == 0
     (attempt,) = b.show(task_id)["attempt_log"]
     assert attempt["owner"] == HOST_B and attempt["outcome"] == "success"
+    # The listener ran the pass that claimed it itself (no fleet-claim.service start first).
+    (claimed,) = b.box.journal(f"FLEET_TASK_ID={task_id}", "FLEET_ACTION=claimed")
+    assert claimed["_SYSTEMD_UNIT"] == LISTEN and claimed["SYSLOG_IDENTIFIER"] == "fleet-claim"
     assert b.box.systemctl("is-active", "fleet-claim.timer", check=False).stdout.strip() in (
         "inactive",
         "failed",

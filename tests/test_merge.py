@@ -245,6 +245,23 @@ def test_a_dirty_checkout_postpones_the_merge(fleet: Fleet, repo: Path, home: Pa
     assert git(repo, "status", "--porcelain") == "?? scratch.txt"
 
 
+def test_a_pass_with_merged_tasks_and_none_waiting_wakes_no_other(fleet: Fleet, repo: Path) -> None:
+    # A pass that woke the next one for a task merged long ago would wake passes forever.
+    from fleet import wake
+
+    task = done(fleet, repo, "echo x > x.txt")
+    assert (task["status"], task["merge_state"]) == ("done", "merged")
+    paths = resolve()
+    wake.consume(paths)
+    store = open_store(paths)
+    try:
+        assert store.pending_merges() == []
+        merge.claim_pass(paths, store, load(paths))
+    finally:
+        store.close()
+    assert not (wake.wake_dir(paths) / "poke").exists()
+
+
 def test_base_not_checked_out_moves_by_compare_and_swap(fleet: Fleet, repo: Path) -> None:
     git(repo, "checkout", "-q", "--detach")  # the user's checkout: a detached HEAD
     (repo / "README").write_text("dirty, but main is not checked out here\n")

@@ -108,6 +108,13 @@ def test_dependencies_gate_the_claim(store: Store, project: Path) -> None:
     assert claim(store, 5) == [b.id]
 
 
+def test_pending_merges_are_the_tasks_in_merging_only(store: Store, project: Path) -> None:
+    (a, _) = store.add([spec("a", project), spec("b", project)])
+    assert claim(store) == [a.id]
+    store.finish(a.id, "me", AttemptEnd("success"), Status.DONE)
+    assert store.pending_merges() == []
+
+
 def test_claim_freezes_coder_and_model_and_records_an_attempt(store: Store, project: Path) -> None:
     (t, u) = store.add([spec("t", project), spec("u", project, coder="gemini", model="m1")])
     claimed = {x.id: x for x in store.claim(2, "host:1", 60, "claude", "sonnet")}

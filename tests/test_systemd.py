@@ -79,16 +79,32 @@ class Fleet:
         )
 
     def idle(self, timeout: float = 60) -> None:
-        """Until no dispatch pass is pending or running (fleet setup starts one)."""
+        """Until no dispatch pass is pending or running (fleet setup starts one), in
+        fleet-claim.service or in another program (fleet-listen's: the passes' lock is free)."""
 
         def idle() -> bool:
             state = self.box.systemctl("is-active", "fleet-claim.service", check=False).stdout
             return (
                 state.strip() in ("inactive", "failed")
                 and not (self.home / "wake" / "poke").exists()
+                and self.lock_free()
             )
 
         self.box.wait_for(idle, timeout, "the dispatcher to be idle")
+
+    def lock_free(self) -> bool:
+        """Whether no dispatch pass holds the passes' lock (fleet.claim.dispatch_lock)."""
+        try:
+            fd = os.open(self.home / "claim.lock", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return True  # no pass ever ran
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # and the lock with it
+        return True
 
     def outcomes(self, task_id: str) -> list[str]:
         return [str(a["outcome"]) for a in self.show(task_id)["attempt_log"]]

@@ -1803,8 +1803,10 @@ class SQLStore(SQLCoordination, SQLHosts, SQLSignals):
 
     def pending_merges(self) -> list[Task]:
         # Served by the tasks_claim_order index (status first): cheap on every dispatch pass.
-        sql = f"SELECT {self.q.task_json} FROM tasks t{self.q.tasks}"
-        " WHERE t.status = 'merging' ORDER BY t.seq"
+        sql = (
+            f"SELECT {self.q.task_json} FROM tasks t{self.q.tasks}"
+            " WHERE t.status = 'merging' ORDER BY t.seq"
+        )
         with self._read() as db:
             rows = db.execute(sql).fetchall()
         return [Task.from_json(json.loads(r[0])) for r in rows]

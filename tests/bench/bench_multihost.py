@@ -22,11 +22,13 @@ off, so the figures are fleet's cost and not the disk's).
    its timer stopped, can only hear of it through its fleet-listen. The clock starts before
    nsenter and stops at the `date +%s.%N` the task's script writes first (the realtime clock
    is one for every sandbox); the next run waits until the task is done and host-b's
-   dispatcher is idle. Printed beside: the `fleet add` process itself, and when host-b's
-   dispatch pass started (its journal), which is how soon it heard; the rest is that pass
-   and fleet-run starting. Beside it, SQLite on one host: the same `fleet add` on the host
-   that runs the task (whose own dispatch pass, in `fleet add`, starts it; no
-   fleet-claim.service runs, so no pass figure).
+   dispatcher is idle. Printed beside, the way there from the hosts' journals: when the
+   task was added (host-a's audit entry, written as `fleet add` commits), claimed (host-b's:
+   its fleet-listen runs that pass itself as it hears the notification, so this is how soon
+   it heard, plus the pass), and when systemd began starting its fleet-task@ unit (the
+   rest, to the coder, is fleet-run starting); and the `fleet add` process itself. Beside
+   it, SQLite on one host: the same `fleet add` on the host that runs the task (whose own
+   dispatch pass, in `fleet add`, starts it).
 3. `fleet answer` -> agent unblocked: the agent of a task on host-b (tests/bench/
    asking_agent.py, a real fleet-ask over MCP) asks one question after another; once each is
    pending in the store, the clock starts and `fleet answer` runs on host-a; it stops at the
@@ -51,6 +53,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from fleet.systemd import unit
 from tests.bench.bench_claim import tally
 from tests.bench.common import Options, figure, note, ratio, report
 from tests.multihost import Host, boot_hosts, fill, race, rows, wait_settled
@@ -70,7 +73,6 @@ SETTINGS: dict[str, str | int] = {"lease_seconds": 10, "stop_grace_seconds": 2}
 TIMEOUT_S = 120.0
 # systemd's own MESSAGE_ID for "Starting UNIT..." (sd-messages.h: SD_MESSAGE_UNIT_STARTING).
 UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
-CLAIM_UNIT = "fleet-claim.service"
 
 
 def claims(tmp: Path, cluster: Any, n: int, runs: int) -> None:
@@ -114,7 +116,7 @@ def two_hosts(tmp: Path, store: str) -> Iterator[tuple[Host, Host]]:
         return
     with boot_hosts(tmp, store, caps=(1, 4), settings=SETTINGS) as (a, b):
         b.box.systemctl("stop", "fleet-claim.timer")
-        holder = a.add("sleep 86400")
+        holder = a.add("sleep 86400", "--host", a.name)  # host-b's listener is as quick
         wait_for(lambda: a.running() == [holder], TIMEOUT_S, "host-a's slot taken")
         yield a, b
         a.quiesce()
@@ -126,23 +128,42 @@ def stamp(path: Path) -> float:
     return float(path.read_text())
 
 
-def pass_started(host: Host, cursor: str) -> float:
-    """When the first dispatch pass on `host` after `cursor` started (its journal's clock)."""
-    for entry in host.box.journal(f"--after-cursor={cursor}"):
-        if entry.get("MESSAGE_ID") == UNIT_STARTING and entry.get("UNIT") == CLAIM_UNIT:
-            return int(entry["__REALTIME_TIMESTAMP"]) / 1e6
-    raise RuntimeError(f"no dispatch pass started on {host.name}")
+def cursor(host: Host) -> str:
+    """Where `host`'s journal ends now."""
+    return str(host.box.journal("-n", "1")[0]["__CURSOR"])
+
+
+def milestones(hosts: dict[str, Host], cursors: dict[str, str], task_id: str) -> dict[str, float]:
+    """When, after each host's cursor, the task was added, claimed and systemd began starting
+    its unit (the journals' clock, one for every sandbox)."""
+    found: dict[str, float] = {}
+    for name, host in hosts.items():
+        for entry in host.box.journal(f"--after-cursor={cursors[name]}"):
+            at = int(entry["__REALTIME_TIMESTAMP"]) / 1e6
+            action = entry.get("FLEET_ACTION")
+            if entry.get("FLEET_TASK_ID") == task_id and action in ("added", "claimed"):
+                found.setdefault(str(action), at)
+            elif entry.get("MESSAGE_ID") == UNIT_STARTING and entry.get("UNIT") == unit(task_id):
+                found.setdefault("unit", at)
+    if len(found) < 3:
+        raise RuntimeError(f"{task_id}: only {sorted(found)} in the hosts' journals")
+    return found
 
 
 def add_latency(person: Host, agent: Host, runs: int) -> dict[str, list[float]]:
     """Figure 2, ms, after one warm-up: add -> coder started, the `fleet add` process, and
-    add -> the agent host's dispatch pass starting (how soon it heard)."""
-    found: dict[str, list[float]] = {"started": [], "process": []}
-    if agent is not person:  # on one host, `fleet add` itself runs the pass
-        found["pass"] = []
+    add -> committed, claimed and its unit starting."""
+    found: dict[str, list[float]] = {
+        "started": [],
+        "process": [],
+        "added": [],
+        "claimed": [],
+        "unit": [],
+    }
+    hosts = {h.name: h for h in (person, agent)}
     for n in range(runs + 1):
         agent.idle()  # each run starts from a host with no pass under way
-        cursor = str(agent.box.journal("-n", "1")[0]["__CURSOR"])
+        cursors = {name: cursor(h) for name, h in hosts.items()}
         path = person.project / f"started-{n}"
         # Written whole or not at all: the file appears by a rename.
         script = f"date +%s.%N > {path}.tmp && mv {path}.tmp {path}"
@@ -154,8 +175,8 @@ def add_latency(person: Host, agent: Host, runs: int) -> dict[str, list[float]]:
         if n:
             found["started"].append((at - begin) * 1000)
             found["process"].append((returned - begin) * 1000)
-            if "pass" in found:
-                found["pass"].append((pass_started(agent, cursor) - begin) * 1000)
+            for what, at in milestones(hosts, cursors, task_id).items():
+                found[what].append((at - begin) * 1000)
     return found
 
 
@@ -224,9 +245,14 @@ def latencies(tmp: Path, cluster: Any, runs: int) -> None:
                     target if store else None,
                 )
                 report(f"fleet {what} process, {across}, {backend}", samples["process"], "ms")
-                if "pass" in samples:
-                    label = f"fleet add -> host B's dispatch pass starting, {across}, {backend}"
-                    report(label, samples["pass"], "ms")
+                for step, words in (
+                    ("added", "committed (on the person's host)"),
+                    ("claimed", "claimed (on the agent's host)"),
+                    ("unit", "its unit starting (on the agent's host)"),
+                ):
+                    if step in samples:
+                        label = f"fleet add -> {words}, {across}, {backend}"
+                        report(label, samples[step], "ms")
             medians[backend] = measured
     for what in ("add", "answer"):
         ratio(
