@@ -151,3 +151,9 @@ POSTGRES = Dialect(
 def pg_sql(sql: str) -> str:
     """A statement of the shared store with psycopg's placeholders (`%s`; `%` doubled)."""
     return sql.replace("%", "%%").replace("?", "%s")
+
+
+class Replan(Exception):
+    """A statement's transaction must be made again, the plain way: the server no longer
+    has (or would not make) the plan the connection kept for it (fleet.store.pgstore).
+    Nothing of the transaction was committed."""
