@@ -8,7 +8,10 @@ Invariants:
   compare-and-set on rows they lock (a claim picks with FOR UPDATE SKIP LOCKED). So writes are
   as serial as on SQLite, except that claimers, on any host, pass each other;
 - values are bound on the client (psycopg's ClientCursor), as SQLite binds them, so the shared
-  SQL's untyped parameters (`? IS NULL`) mean what they mean there;
+  SQL's untyped parameters (`? IS NULL`) mean what they mean there; a statement run over and
+  over (a claim's) runs by a plan the connection keeps (PREPARE, then EXECUTE of the values
+  bound the same way), named by its statement's digest, and the plain way wherever the server
+  lost or refused the plan (`_Conn.repeated`);
 - leases and deadlines use the database's clock (fleet.store.dialect);
 - after every commit the store touches the local `fleet.lock`, as SQLite's does, so watchers
   on this host wake up;
@@ -199,6 +202,9 @@ class PGStore(SQLStore):
                 autocommit=True,
                 cursor_factory=psycopg.ClientCursor,
                 application_name=program,
+                # Its own bookkeeping of statements to prepare costs every statement, and a
+                # client-bound one is never prepared by it (see `_Conn.repeated`).
+                prepare_threshold=None,
                 **extra,
             )
         except psycopg.Error as e:
