@@ -68,7 +68,7 @@ class _Conn:
         self.begin = b""  # a write's BEGIN, until its first statement carries it
         self.begun = False  # whether the server has the write's transaction open
         self.keeps = True  # whether plans are kept at all (`repeated`)
-        self._kept: set[str] = set()  # the names of the plans the server keeps for us
+        self._kept: dict[str, str] = {}  # statement -> the name of the plan the server keeps
         self._plain: set[str] = set()  # statements whose plan the server would not make
 
     def _bound(self, sql: str, parameters: Any) -> bytes:
@@ -94,18 +94,17 @@ class _Conn:
         server lost the plan (a PgBouncer in transaction pooling hands out another server
         connection: from then on this connection keeps no plans) or would not make it (that
         statement is then always run the plain way)."""
-        if not self.keeps or sql in self._plain or len(self._kept) >= KEPT_PLANS:
+        name = self._kept.get(sql)
+        if name is None and (not self.keeps or sql in self._plain or len(self._kept) >= KEPT_PLANS):
             return self.execute(sql, parameters).fetchall()
-        name = (
-            "fleet_"
-            + hashlib.blake2b(f"{len(parameters)} {sql}".encode(), digest_size=12).hexdigest()
-        )
-        marks = ", ".join(["%s"] * len(parameters))
-        run = self._binder.mogrify(f"EXECUTE {name}({marks})", parameters).encode()
         make = b""
-        if name not in self._kept:
+        if name is None:
+            digest = hashlib.blake2b(f"{len(parameters)} {sql}".encode(), digest_size=12)
+            name = "fleet_" + digest.hexdigest()
             kinds = ", ".join(["unknown"] * len(parameters))  # each inferred where it is used
             make = f"PREPARE {name} ({kinds}) AS {_numbered(sql)}; ".encode()
+        marks = f"({', '.join(['%s'] * len(parameters))})" if parameters else ""  # () is wrong
+        run = self._binder.mogrify(f"EXECUTE {name}{marks}", parameters).encode()
         try:
             cur = self._send(make + run)
             while cur.nextset():  # the rows are the EXECUTE's, after the PREPARE's result
@@ -115,14 +114,15 @@ class _Conn:
             state = e.sqlstate or ""
             if state == "26000":  # no such plan on this server connection
                 self.keeps = False
+                self._kept.clear()
             elif state == "42P05":  # made already, by this name: of this statement
-                self._kept.add(name)
+                self._kept[sql] = name
             elif make and state.startswith("42"):  # it cannot be made (types, syntax)
                 self._plain.add(sql)
             else:
                 raise
             raise Replan(f"{state}: {_first_line(str(e))}") from None
-        self._kept.add(name)
+        self._kept[sql] = name
         return rows
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> Any:
