@@ -115,6 +115,33 @@ def test_pending_merges_are_the_tasks_in_merging_only(store: Store, project: Pat
     assert store.pending_merges() == []
 
 
+def test_a_whole_listing_says_what_each_task_waits_on_as_a_page_and_get_do(
+    store: Store, project: Path
+) -> None:
+    """A listing of every task reads all dependencies in one pass (on PostgreSQL); a page
+    and `get` look them up task by task: the same JSON, byte for byte, for a task after
+    dependencies done and not, and for a successor whose predecessor's attempt goes on."""
+    a, b, c = store.add([spec("a", project), spec("b", project), spec("c", project)])
+    (d,) = store.add([spec("d", project, after=(c.id, a.id, b.id))])
+    assert claim(store) == [a.id]
+    store.finish(a.id, "me", AttemptEnd("success"), Status.DONE)
+    assert claim(store) == [b.id]
+    store.handoff(b.id, spec("b2", project), None)
+    b2 = store.heir(b.id)  # d now waits on b's successor, which waits on b's attempt
+    (e,) = store.add([spec("e", project, after=(a.id,))])
+    whole = list(store.list_json(TaskFilter(include_final=True)))
+    page = list(store.list_json(TaskFilter(include_final=True, limit=100)))
+    assert whole == page
+    listed = {t["id"]: t for t in map(json.loads, whole)}
+    assert (listed[d.id]["after"], listed[d.id]["waiting_on"]) == (
+        sorted([a.id, b2, c.id]),
+        sorted([b2, c.id]),
+    )
+    assert (listed[e.id]["after"], listed[e.id]["waiting_on"]) == ([a.id], [])
+    assert (listed[b2]["after"], listed[b2]["waiting_on"]) == ([], [b.id])
+    assert [store.get(i).to_json() for i in listed] == list(listed.values())
+
+
 def test_claim_freezes_coder_and_model_and_records_an_attempt(store: Store, project: Path) -> None:
     (t, u) = store.add([spec("t", project), spec("u", project, coder="gemini", model="m1")])
     claimed = {x.id: x for x in store.claim(2, "host:1", 60, "claude", "sonnet")}
@@ -588,6 +615,29 @@ def test_a_lost_connection_is_one_error_changes_nothing_and_is_made_again(
     # Nothing was claimed, and the same store connects again on its next call.
     assert store.get(t.id).status == Status.READY and store.attempts(t.id) == []
     assert claim(store) == [t.id]
+
+
+@pytest.mark.postgresql_only
+def test_a_claim_whose_kept_plan_the_server_lost_is_made_again_the_plain_way(
+    backend: str, store: Store, project: Path
+) -> None:
+    """A PgBouncer in transaction pooling may hand the store another server connection, which
+    lacks the plans it kept (as one whose plans are dropped): the claim is made again without
+    them, takes each task once, and the connection keeps no plan from then on."""
+    conn = store._conn  # type: ignore[attr-defined]
+
+    def kept() -> int:
+        return int(conn.execute(b"SELECT count(*) FROM pg_prepared_statements").fetchone()[0])
+
+    tasks = store.add([spec(str(i), project) for i in range(3)])
+    assert claim(store) == [tasks[0].id]
+    assert kept() == 1
+    conn.execute(b"DEALLOCATE ALL")
+    assert claim(store) == [tasks[1].id]
+    assert claim(store) == [tasks[2].id]
+    assert kept() == 0
+    assert [len(store.attempts(t.id)) for t in tasks] == [1, 1, 1]
+    assert [store.get(t.id).attempts for t in tasks] == [1, 1, 1]
 
 
 def test_the_store_setting_in_the_configuration_file_picks_postgresql(

@@ -67,6 +67,10 @@ class Dialect(NamedTuple):  # not a dataclass: importing dataclasses costs every
     # running tasks one after the other; empty where every write is serial already.
     cap_lock: str
     writes_in_with: bool  # whether a WITH may hold INSERTs and UPDATEs (a claim in one go)
+    # A FROM item of every task's dependencies in one pass, as a task's JSON spells them:
+    # (task, after, waiting_on), a row for each task with any; empty where a listing looks
+    # them up task by task (SQLite, whose aggregates keep no order of their own).
+    deps_joined: str
     time_sql: str  # an ISO time, `time_arg(seconds)` from now
     time_arg: Callable[[float], Any]
 
@@ -97,6 +101,7 @@ SQLITE = Dialect(
     ),
     cap_lock="",  # the claim's write holds the whole database
     writes_in_with=False,
+    deps_joined="",
     time_sql="?",
     time_arg=_host_time,
 )
@@ -121,6 +126,17 @@ def _pg_record(pairs: Sequence[tuple[str, str]], alias: str) -> tuple[str, str]:
     return f"row_to_json(_{alias})::text", f", LATERAL (SELECT {columns}) _{alias}"
 
 
+# What `waiting_on` holds (fleet.store.sql: READY_WHERE): the dependencies not done, and the
+# predecessor while its attempt has not ended; `after`, every dependency.
+_PG_DEPS_JOINED = (
+    "(SELECT x.task, ('[' || string_agg(to_json(x.w)::text, ',' ORDER BY x.w)"
+    " FILTER (WHERE x.dep) || ']')::json AS after, ('[' || string_agg(to_json(x.w)::text, ','"
+    " ORDER BY x.w) FILTER (WHERE x.waits) || ']')::json AS waiting FROM (SELECT d.task,"
+    " d.after AS w, true AS dep, u.status != 'done' AS waits FROM deps d LEFT JOIN tasks u"
+    " ON u.id = d.after UNION ALL SELECT s.id, s.predecessor, false, true FROM tasks s"
+    " JOIN tasks p ON p.id = s.predecessor WHERE p.claimed_by IS NOT NULL) x GROUP BY x.task)"
+)
+
 POSTGRES = Dialect(
     name="postgresql",
     record=_pg_record,
@@ -142,6 +158,7 @@ POSTGRES = Dialect(
     json_within=lambda inner, outer: f"({outer})::jsonb @> ({inner})::jsonb",
     cap_lock=f"SELECT pg_advisory_xact_lock({CAP_LOCK_KEY})",
     writes_in_with=True,
+    deps_joined=_PG_DEPS_JOINED,
     time_sql=_PG_TIME,
     time_arg=lambda seconds: float(seconds),
 )
@@ -151,3 +168,9 @@ POSTGRES = Dialect(
 def pg_sql(sql: str) -> str:
     """A statement of the shared store with psycopg's placeholders (`%s`; `%` doubled)."""
     return sql.replace("%", "%%").replace("?", "%s")
+
+
+class Replan(Exception):
+    """A statement's transaction must be made again, the plain way: the server no longer
+    has (or would not make) the plan the connection kept for it (fleet.store.pgstore).
+    Nothing of the transaction was committed."""

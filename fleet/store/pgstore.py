@@ -8,7 +8,10 @@ Invariants:
   compare-and-set on rows they lock (a claim picks with FOR UPDATE SKIP LOCKED). So writes are
   as serial as on SQLite, except that claimers, on any host, pass each other;
 - values are bound on the client (psycopg's ClientCursor), as SQLite binds them, so the shared
-  SQL's untyped parameters (`? IS NULL`) mean what they mean there;
+  SQL's untyped parameters (`? IS NULL`) mean what they mean there; a statement run over and
+  over (a claim's) runs by a plan the connection keeps (PREPARE, then EXECUTE of the values
+  bound the same way), named by its statement's digest, and the plain way wherever the server
+  lost or refused the plan (`_Conn.repeated`);
 - leases and deadlines use the database's clock (fleet.store.dialect);
 - after every commit the store touches the local `fleet.lock`, as SQLite's does, so watchers
   on this host wake up;
@@ -18,8 +21,9 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -31,7 +35,7 @@ from psycopg.conninfo import conninfo_to_dict
 from fleet import audit
 from fleet.errors import StoreError
 from fleet.paths import Paths, state_dir
-from fleet.store.dialect import POSTGRES, Conn, Cursor, pg_sql
+from fleet.store.dialect import POSTGRES, Conn, Cursor, Replan, pg_sql
 from fleet.store.pgschema import MIGRATIONS, VERSION
 from fleet.store.sql import SQLStore
 
@@ -40,6 +44,9 @@ LOCK_KEY = 0x666C7400
 CONNECT_TIMEOUT_S = 10
 _BEGIN = f"BEGIN; SELECT pg_advisory_xact_lock({LOCK_KEY})".encode()
 _BEGIN_SHARED = f"BEGIN; SELECT pg_advisory_xact_lock_shared({LOCK_KEY})".encode()
+# The plans a connection keeps at most (`_Conn.repeated`: a claim's statements differ by how
+# many tasks they take and which caps are full, so a few per host).
+KEPT_PLANS = 64
 
 
 class _Number(Loader):
@@ -60,11 +67,14 @@ class _Conn:
         self._binder = psycopg.ClientCursor(conn)
         self.begin = b""  # a write's BEGIN, until its first statement carries it
         self.begun = False  # whether the server has the write's transaction open
+        self.keeps = True  # whether plans are kept at all (`repeated`)
+        self._kept: dict[str, str] = {}  # statement -> the name of the plan the server keeps
+        self._plain: set[str] = set()  # statements whose plan the server would not make
 
     def _bound(self, sql: str, parameters: Any) -> bytes:
         return self._binder.mogrify(pg_sql(sql), parameters).encode()
 
-    def _send(self, query: bytes) -> Cursor:
+    def _send(self, query: bytes) -> psycopg.Cursor[Any]:
         if not self.begin:
             return self._conn.execute(query)
         query, self.begin, self.begun = self.begin + b"; " + query, b"", True
@@ -75,6 +85,45 @@ class _Conn:
 
     def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
         return self._send(self._bound(sql, parameters))
+
+    def repeated(self, sql: str, parameters: Sequence[Any]) -> list[Any]:
+        """The rows of `sql`, run by a plan the server keeps for this connection (PREPARE),
+        made in the statement's first run, in its round trip. A plan is named by a digest of
+        its statement, so one name always means one statement, whichever client of a pooled
+        server connection made it. Raises Replan, to make the transaction again, where the
+        server lost the plan (a PgBouncer in transaction pooling hands out another server
+        connection: from then on this connection keeps no plans) or would not make it (that
+        statement is then always run the plain way)."""
+        name = self._kept.get(sql)
+        if name is None and (not self.keeps or sql in self._plain or len(self._kept) >= KEPT_PLANS):
+            return self.execute(sql, parameters).fetchall()
+        make = b""
+        if name is None:
+            digest = hashlib.blake2b(f"{len(parameters)} {sql}".encode(), digest_size=12)
+            name = "fleet_" + digest.hexdigest()
+            kinds = ", ".join(["unknown"] * len(parameters))  # each inferred where it is used
+            make = f"PREPARE {name} ({kinds}) AS {_numbered(sql)}; ".encode()
+        marks = f"({', '.join(['%s'] * len(parameters))})" if parameters else ""  # () is wrong
+        run = self._binder.mogrify(f"EXECUTE {name}{marks}", parameters).encode()
+        try:
+            cur = self._send(make + run)
+            while cur.nextset():  # the rows are the EXECUTE's, after the PREPARE's result
+                pass
+            rows = cur.fetchall()
+        except psycopg.Error as e:
+            state = e.sqlstate or ""
+            if state == "26000":  # no such plan on this server connection
+                self.keeps = False
+                self._kept.clear()
+            elif state == "42P05":  # made already, by this name: of this statement
+                self._kept[sql] = name
+            elif make and state.startswith("42"):  # it cannot be made (types, syntax)
+                self._plain.add(sql)
+            else:
+                raise
+            raise Replan(f"{state}: {_first_line(str(e))}") from None
+        self._kept[sql] = name
+        return rows
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> Any:
         rows = [self._bound(sql, p) for p in parameters]
@@ -95,6 +144,12 @@ class _Conn:
             self.begun = False
             with suppress(psycopg.Error):
                 self._conn.execute(b"ROLLBACK")
+
+
+def _numbered(sql: str) -> str:
+    """A statement of the shared store with PREPARE's placeholders ($1, $2, …)."""
+    parts = sql.split("?")
+    return parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], 1))
 
 
 def describe(url: str) -> tuple[str, str | None]:
@@ -147,6 +202,9 @@ class PGStore(SQLStore):
                 autocommit=True,
                 cursor_factory=psycopg.ClientCursor,
                 application_name=program,
+                # Its own bookkeeping of statements to prepare costs every statement, and a
+                # client-bound one is never prepared by it (see `_Conn.repeated`).
+                prepare_threshold=None,
                 **extra,
             )
         except psycopg.Error as e:
@@ -266,6 +324,10 @@ class PGStore(SQLStore):
             self._conn.execute(b"ANALYZE tasks, deps")
 
     # -- transactions ------------------------------------------------------------------------
+
+    def _repeated(self, db: Conn, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        # Planning a claim's statement took twice as long as running it.
+        return self._db.repeated(sql, args)
 
     @contextmanager
     def _write(self, shared: bool = False) -> Iterator[Conn]:

@@ -22,16 +22,14 @@ must not exceed it).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import traceback
 from pathlib import Path
-from time import perf_counter
 from typing import Any
 
 from fleet.model import AttemptEnd, Status, TaskSpec
 from tests.bench.bench_backends import Stores, opened, rows
-from tests.bench.bench_claim import collect
+from tests.bench.bench_claim import race
 from tests.bench.common import Options, figure, report, scratch_dir
 
 NAME = "affinity"
@@ -89,26 +87,7 @@ def run_once(stores: Stores, backend: str, mode: str, n: int, cwd: str) -> tuple
     env = stores.new(backend)
     with opened(env) as store:
         store.add(_specs(mode, n, cwd))
-    ctx = multiprocessing.get_context("spawn")
-    go = ctx.Event()
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_claimer, args=(env, i, mode, go, results)) for i in range(CLAIMERS)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        collect(procs, results, "ready")
-        go.set()
-        start = perf_counter()
-        got = collect(procs, results, "done")
-        seconds = perf_counter() - start
-        for p in procs:
-            p.join(TIMEOUT_S)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    seconds, got = race(_claimer, [(env, i, mode) for i in range(CLAIMERS)])
     handed = [t for ids in got for t in ids]
     bad = rows(
         env,

@@ -21,12 +21,10 @@ The listing fills the store through `Store.add()` in chunks of 5,000 (tasks shap
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import sqlite3
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -35,7 +33,7 @@ from fleet.model import TaskSpec
 from fleet.paths import resolve
 from fleet.store import open_store
 from tests.bench import bench_ls_json
-from tests.bench.bench_claim import collect, tally
+from tests.bench.bench_claim import claimer, race
 from tests.bench.common import (
     Options,
     figure,
@@ -47,6 +45,7 @@ from tests.bench.common import (
     scratch_dir,
     time_runs,
 )
+from tests.claimer import safety
 
 NAME = "backends"
 CLAIM_TASKS = 10_000
@@ -102,51 +101,14 @@ def rows(env: dict[str, str], sql: str) -> list[tuple[Any, ...]]:
         db.close()
 
 
-def _claimer(env: dict[str, str], index: int, go: Any, results: Any) -> None:
-    try:
-        os.environ.update(env)
-        with opened(env) as store:
-            owner, boot = f"host{index % HOSTS}", f"boot-of-host{index % HOSTS}"
-            got: list[str] = []
-            results.put(("ready", index, None))
-            if not go.wait(TIMEOUT_S):
-                raise RuntimeError("no start signal")
-            while tasks := store.claim(1, owner, 300, "claude", None, boot):
-                got.extend(t.id for t in tasks)
-        results.put(("done", index, got))
-    except BaseException:
-        results.put(("error", index, traceback.format_exc()))
-
-
 def claim_once(stores: Stores, backend: str, n: int, cwd: str) -> tuple[float, int, int]:
     """(seconds, double claims, lost tasks) of CLAIMERS claimers draining `n` tasks."""
     env = stores.new(backend)
     with opened(env) as store:
         store.add([TaskSpec(title=f"bench task {i}", cwd=cwd) for i in range(n)])
-    ctx = multiprocessing.get_context("spawn")
-    go = ctx.Event()
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_claimer, args=(env, i, go, results)) for i in range(CLAIMERS)]
-    for p in procs:
-        p.start()
-    try:
-        collect(procs, results, "ready")  # every claimer has its store open
-        go.set()
-        start = perf_counter()
-        claimed = collect(procs, results, "done")
-        seconds = perf_counter() - start
-        for p in procs:
-            p.join(TIMEOUT_S)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-    attempts = dict(
-        rows(env, "SELECT t.id, count(a.task) FROM tasks t LEFT JOIN attempts a ON a.task = t.id"
-             " GROUP BY t.id")
-    )  # fmt: skip
-    idle = {r[0] for r in rows(env, "SELECT id FROM tasks WHERE status != 'running'")}
-    double, lost = tally(attempts, idle, [task_id for ids in claimed for task_id in ids])
+    hosts = [(f"host{i % HOSTS}", f"boot-of-host{i % HOSTS}") for i in range(CLAIMERS)]
+    seconds, claimed = race(claimer, [(env, i, *hosts[i]) for i in range(CLAIMERS)])
+    double, lost = safety(partial(rows, env), [task_id for ids in claimed for task_id in ids])
     return seconds, double, lost
 
 

@@ -18,6 +18,9 @@ exactly one attempt row and be `running`, and the ids the claimers got must all 
 claimed k > 1 times (by either count) adds k - 1 double claims; a task with no attempt row, not
 running, or handed to nobody is reported as lost. The same is done with 1 claimer for
 comparison, and the 4-vs-1 ratio says what contention costs (or gains) on this machine.
+
+The claimer processes (`claimer`, `race`) and the count of double claims and lost tasks
+(tests/claimer.py: `drain`, `safety`) are the ones every claim benchmark uses.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import os
 import queue
 import sqlite3
 import traceback
-from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -37,6 +40,7 @@ from fleet.model import TaskSpec
 from fleet.paths import resolve
 from fleet.store import open_store
 from tests.bench.common import Options, figure, fleet_env, note, ratio, report, scratch_dir
+from tests.claimer import drain, safety
 
 NAME = "claim"
 TASKS = 10_000
@@ -46,24 +50,19 @@ TARGET_PER_S = 500.0
 TIMEOUT_S = 600.0  # generous: only there so a hung claimer cannot hang the benchmark
 
 
-def _claimer(home: str, index: int, go: Any, results: Any) -> None:
-    """One claimer process: open the store, say so, wait for the start, claim one at a time."""
+def claimer(
+    env: dict[str, str], index: int, owner: str, boot: str | None, go: Any, results: Any
+) -> None:
+    """One claimer process of `race`: open the store of `env`, say so, wait for the start,
+    drain the queue as `owner` (tests/claimer.py), report the ids it got."""
     try:
-        os.environ["FLEET_HOME"] = home
-        store = open_store(resolve())
-        owner = f"bench-{index}-{os.getpid()}"
-        got: list[str] = []
+        os.environ.update(env)
+        store = open_store(resolve(env=env), url=env.get("FLEET_STORE", ""))
         try:
             results.put(("ready", index, None))
             if not go.wait(TIMEOUT_S):
                 raise RuntimeError("no start signal")
-            while True:
-                tasks = store.claim(
-                    1, owner, lease_s=300, default_coder="claude", default_model=None
-                )
-                if not tasks:
-                    break
-                got.extend(t.id for t in tasks)
+            got = drain(store, owner, "claude", 300, boot)
         finally:
             store.close()
         results.put(("done", index, got))
@@ -87,36 +86,27 @@ class Run:
     per_claimer: list[int]
 
 
+def sqlite_rows(db: Path) -> Callable[[str], list[Any]]:
+    """A reader of the SQLite store `db`, bypassing fleet (tests/claimer.py: `safety`)."""
+
+    def rows(sql: str) -> list[Any]:
+        conn = sqlite3.connect(db)
+        try:
+            return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+
+    return rows
+
+
 def check(db: Path, n: int, got: list[str]) -> tuple[int, int]:
-    """(double claims, lost tasks), from the database and from what the claimers got.
-
-    A task claimed k > 1 times counts k - 1, where k is the larger of its attempt rows and the
-    number of claimers it was handed to (the two views of one double claim are not added). A
-    task is lost if it has no attempt row, is not running, or was handed to no claimer.
-    """
-    conn = sqlite3.connect(db)
-    try:
-        rows = dict(
-            conn.execute(
-                "SELECT t.id, COUNT(a.task) FROM tasks t LEFT JOIN attempts a ON a.task = t.id"
-                " GROUP BY t.id"
-            ).fetchall()
-        )
-        not_running = {r[0] for r in conn.execute("SELECT id FROM tasks WHERE status != 'running'")}
-    finally:
-        conn.close()
-    if len(rows) != n:
-        raise RuntimeError(f"the store holds {len(rows)} tasks, not {n}")
-    return tally(rows, not_running, got)
-
-
-def tally(attempts: dict[str, int], idle: set[str], got: list[str]) -> tuple[int, int]:
-    """(double claims, lost tasks) from each task's attempt rows, the tasks not running and
-    the ids the claimers were handed, as `check` counts them."""
-    handed = Counter(got)
-    double = sum(max(attempts.get(t, 0), handed[t], 1) - 1 for t in attempts.keys() | handed)
-    lost = {t for t, k in attempts.items() if k == 0 or handed[t] == 0} | idle
-    return double, len(lost)
+    """(double claims, lost tasks), from the database and from what the claimers got
+    (tests/claimer.py: `safety`)."""
+    rows = sqlite_rows(db)
+    held = rows("SELECT count(*) FROM tasks")[0][0]
+    if held != n:
+        raise RuntimeError(f"the store holds {held} tasks, not {n}")
+    return safety(rows, got)
 
 
 def collect(procs: list[Any], results: Any, kind: str) -> list[Any]:
@@ -140,25 +130,22 @@ def collect(procs: list[Any], results: Any, kind: str) -> list[Any]:
     return reports
 
 
-def run_once(tmp: Path, tag: str, n: int, claimers: int) -> Run:
-    home = tmp / tag
-    project = tmp / "project"
-    project.mkdir(exist_ok=True)
-    fill(home, n, str(project))
-
+def race(target: Callable[..., None], argsets: list[tuple[Any, ...]]) -> tuple[float, list[Any]]:
+    """(seconds, their `done` reports): a process (`spawn`: a fresh interpreter) per tuple of
+    `argsets`, running `target(*args, go, results)`, which reports `ready` once it has its
+    store open and `done` when it is through; the clock runs from the start event, set once
+    every one is ready, to the last `done`."""
     ctx = multiprocessing.get_context("spawn")
     go = ctx.Event()
     results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_claimer, args=(str(home), i, go, results)) for i in range(claimers)
-    ]
+    procs = [ctx.Process(target=target, args=(*args, go, results)) for args in argsets]
     for p in procs:
         p.start()
     try:
         collect(procs, results, "ready")  # every claimer has its store open
         go.set()
         start = perf_counter()
-        claimed: list[list[str]] = collect(procs, results, "done")
+        reports = collect(procs, results, "done")
         seconds = perf_counter() - start
         for p in procs:
             p.join(TIMEOUT_S)
@@ -166,6 +153,16 @@ def run_once(tmp: Path, tag: str, n: int, claimers: int) -> Run:
         for p in procs:
             if p.is_alive():
                 p.kill()
+    return seconds, reports
+
+
+def run_once(tmp: Path, tag: str, n: int, claimers: int) -> Run:
+    home = tmp / tag
+    project = tmp / "project"
+    project.mkdir(exist_ok=True)
+    fill(home, n, str(project))
+    env = fleet_env(home)
+    seconds, claimed = race(claimer, [(env, i, f"bench-{i}", None) for i in range(claimers)])
     got = [task_id for ids in claimed for task_id in ids]
     double, lost = check(home / "fleet.db", n, got)
     return Run(seconds, double, lost, sorted(len(ids) for ids in claimed))

@@ -14,7 +14,7 @@ off, so the figures are fleet's cost and not the disk's).
 1. Claims: 3, 3 and 2 store-level claimer processes (tests/claimer.py) on host-a, host-b and
    host-c, each claiming one task at a time in its host's name; the clock runs from the start
    line they all wait for to the last one's report. Double claims and lost tasks are counted
-   from the store (attempt rows) and from what the claimers got (bench_claim.tally). A new
+   from the store (attempt rows) and from what the claimers got (tests/claimer.py: safety). A new
    database per run, median of 3. No SQLite figure: three machines cannot share a SQLite
    file (bench_backends has 8 claimers on either store, on one machine).
 2. `fleet add` -> coder started: host-a (max_concurrent 1, its slot held by a task that
@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet.systemd import unit
-from tests.bench.bench_claim import tally
 from tests.bench.common import Options, figure, note, ratio, report
+from tests.claimer import safety
 from tests.multihost import Host, boot_hosts, fill, race, rows, wait_settled
 from tests.sandbox import wait_for
 
@@ -85,11 +85,8 @@ def claims(tmp: Path, cluster: Any, n: int, runs: int) -> None:
             fill(url, n, on[0].project)
             result = race(on, CLAIMERS, timeout=TIMEOUT_S * 5)
             rates.append(n / result.seconds)
-            attempts = dict(rows(url, "SELECT t.id, count(a.task) FROM tasks t LEFT JOIN"
-                                 " attempts a ON a.task = t.id GROUP BY t.id"))  # fmt: skip
-            idle = {r[0] for r in rows(url, "SELECT id FROM tasks WHERE status != 'running'")}
             got = [t for _, ids in result.got for t in ids]
-            d, lo = tally(attempts, idle, got)
+            d, lo = safety(partial(rows, url), got)
             double, lost = double + d, lost + lo
             per_host = {h.name: 0 for h in on}
             for name, ids in result.got:
