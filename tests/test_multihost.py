@@ -216,12 +216,16 @@ def test_a_dead_hosts_tasks_run_again_elsewhere_once_and_only_after_host_dead_af
         host.box.systemctl("restart", "fleet-claim.timer")
     project = a.project
     (project / "release").mkdir()
-    task_ids = add_batch(c, 4, HOLD)  # host-c's own pass takes two at once, the others the rest
-    wait_for(
-        lambda: len(c.running()) == 2 and len(a.running()) + len(b.running()) == 2,
-        60,
-        "host-c running two tasks and the others two",
-    )
+    # Two for host-c: the others' listeners, which claim as soon as they hear of new work,
+    # would otherwise race host-c's own pass for them. Then two that only the others can take.
+    for host in (a, b):
+        host.box.systemctl("stop", "fleet-listen.service", "fleet-claim.timer")
+    task_ids = add_batch(c, 2, HOLD)
+    wait_for(lambda: len(c.running()) == 2, 60, "host-c running two tasks")
+    for host in (a, b):
+        host.box.systemctl("start", "fleet-listen.service", "fleet-claim.timer")
+    task_ids += add_batch(c, 2, HOLD)
+    wait_for(lambda: len(a.running()) + len(b.running()) == 2, 60, "the others running two")
     before = running_on([a, b])
     on_c = c.running()
     wait_for(lambda: len(log_lines(project)) == 4, 60, "the four agents under way")

@@ -131,6 +131,9 @@ def _measure(opts: Options, tmp: Path, url: str, store: Any) -> None:
             _until(partial(lambda before: listening() > before, heard), "listening again")
             back.append((perf_counter() - start) * 1000)
         report("listener's connection ended -> listening again", back, "ms")
+    except RuntimeError as e:  # what the listener said is what tells why it did not ring
+        said = (tmp / "listen.err").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{e}; fleet-listen said: {said or '(nothing)'}") from None
     finally:
         listener.terminate()
         listener.wait(timeout=30)
