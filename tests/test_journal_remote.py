@@ -324,8 +324,11 @@ def test_one_task_run_on_two_hosts_reads_as_one_transcript(
 
     wait_for(lambda: status() == ("blocked", 1), 120, "attempt 1 on host-b to block the task")
     wait_for(lambda: in_central(remote, task_id, f"MESSAGE_ID={MSG_ENDED}") == 1, 120, "upload")
-    # host-b claims no more; host-c joins and takes the task up again.
-    b.systemctl("stop", "fleet-claim.path", "fleet-claim.timer", "fleet-claim.service")
+    # host-b claims no more (its fleet-listen runs dispatch passes too, so it stops as well);
+    # host-c joins and takes the task up again.
+    b.systemctl(
+        "stop", "fleet-claim.path", "fleet-claim.timer", "fleet-claim.service", "fleet-listen"
+    )
     c.run(FLEET, "setup", "--system", "--journal-upload", remote.url, env=c_env)
     c.run(FLEET, "retry", task_id, env=c_env)
     wait_for(lambda: status() == ("done", 2), 120, "attempt 2 on host-c to close the task")
